@@ -1,0 +1,188 @@
+"""Hosted inference through `huggingface_hub.InferenceClient` (Hugging Face's serverless API,
+an own Inference Endpoint, or TGI), normalised exactly like local results.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from ..errors import BackendError
+from ..resources import save_bytes
+from . import TaskInputs
+from .normalize import draw_boxes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://router.huggingface.co/hf-inference"
+
+
+def plain(value: Any) -> Any:
+    """InferenceClient output objects -> JSON-serialisable data."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: plain(v) for k, v in asdict(value).items() if v is not None}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value
+
+
+class HostedInference:
+    name = "huggingface"
+
+    def __init__(self, token: str | None, public_dir: Path, base_url: str | None = None, timeout: float = 120.0,
+                 status_timeout: float = 3.0, proxy: str | None = None):
+        self.token = token
+        self.public_dir = public_dir
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.custom_base = base_url is not None
+        self.timeout = timeout
+        self.status_timeout = status_timeout
+        self.proxies = {"http": proxy, "https": proxy} if proxy else None
+        if proxy:
+            _use_proxy(proxy)
+
+    @classmethod
+    def from_config(cls, config) -> HostedInference:
+        return cls(config.huggingface_token, config.public_dir, config.huggingface_base_url, config.task_timeout,
+                   config.status_timeout, config.proxy)
+
+    def model_url(self, model_id: str) -> str:
+        if "{model}" in self.base_url:
+            return self.base_url.replace("{model}", model_id)
+        return f"{self.base_url}/models/{model_id}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def is_available(self, model_id: str) -> bool:
+        """A custom base URL answers JARVIS's `/status/<id>`; the public service is asked through the Hub."""
+        if not self.token:
+            return False
+        try:
+            if self.custom_base:
+                url = self.model_url(model_id).replace("/models/", "/status/", 1)
+                resp = requests.get(url, headers=self._headers(), timeout=self.status_timeout, proxies=self.proxies)
+                data = resp.json() if resp.status_code == 200 else {}
+                return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
+            from huggingface_hub import HfApi
+
+            info = HfApi(token=self.token).model_info(model_id, expand=["inference"], timeout=self.status_timeout)
+            return getattr(info, "inference", None) == "warm"
+        except Exception:  # noqa: BLE001 - any failure means "not available now"
+            return False
+
+    def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
+        if not self.token:
+            raise BackendError("hosted inference needs a Hugging Face token: set huggingface.token in the config "
+                               "or export HUGGINGFACE_ACCESS_TOKEN")
+        from huggingface_hub import InferenceClient
+
+        client = InferenceClient(provider="hf-inference", token=self.token, timeout=self.timeout)
+        handler = HANDLERS.get(inputs.task)
+        if handler is None:
+            raise BackendError(f"hosted inference does not support {inputs.task}")
+        try:
+            return handler(self, client, self.model_url(model_id), inputs)
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
+            message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            if self.token:
+                message = message.replace(self.token, "***")
+            raise BackendError(f"hosted inference of {model_id} failed: {message[:300]}") from None
+
+    # -- helpers for handlers ---------------------------------------------------------------------
+
+    def save_image(self, image: Any) -> str:
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return save_bytes(self.public_dir, "image", buf.getvalue(), "png")
+
+
+def _use_proxy(proxy: str) -> None:
+    """huggingface_hub's HTTP clients come from one factory; route them through the proxy."""
+    try:
+        import httpx
+        from huggingface_hub import set_client_factory
+
+        set_client_factory(lambda: httpx.Client(proxy=proxy, follow_redirects=True))
+    except Exception:  # noqa: BLE001
+        log.warning("could not configure the proxy for huggingface_hub; set HTTPS_PROXY instead")
+
+
+def _need(inputs: TaskInputs, field: str) -> Any:
+    value = getattr(inputs, field)
+    if value is None:
+        raise BackendError(f"{inputs.task} needs an {field} argument")
+    return value.data if field in ("image", "audio") else value
+
+
+def _split_pair(text: str) -> tuple[str, str]:
+    for sep in ("\n", " | ", "|", " vs. ", " vs "):
+        if sep in text:
+            a, b = text.split(sep, 1)
+            return a.strip(), b.strip()
+    return text, text
+
+
+Handler = Callable[[HostedInference, Any, str, TaskInputs], dict[str, Any]]
+
+
+def _segmentation(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
+    segments = c.image_segmentation(_need(i, "image"), model=m)
+    from PIL import Image
+
+    base = Image.open(io.BytesIO(i.image.data)).convert("RGB")
+    overlay = base.copy()
+    predicted = []
+    for n, seg in enumerate(segments):
+        mask = seg.mask
+        if isinstance(mask, str):  # base64 PNG
+            import base64
+
+            mask = Image.open(io.BytesIO(base64.b64decode(mask)))
+        color = ((n * 97) % 256, (n * 57 + 80) % 256, (n * 151 + 40) % 256)
+        layer = Image.new("RGB", base.size, color)
+        overlay = Image.composite(Image.blend(overlay, layer, 0.5), overlay, mask.convert("L").resize(base.size))
+        predicted.append({"label": seg.label, "score": seg.score})
+    return {"generated image": h.save_image(overlay), "predicted": predicted}
+
+
+HANDLERS: dict[str, Handler] = {
+    "text-classification": lambda h, c, m, i: {"predicted": plain(c.text_classification(_need(i, "text"), model=m))},
+    "token-classification": lambda h, c, m, i: {"predicted": plain(c.token_classification(_need(i, "text"), model=m))},
+    "question-answering": lambda h, c, m, i: plain(c.question_answering(*_split_pair(_need(i, "text")), model=m)),
+    "sentence-similarity": lambda h, c, m, i: {
+        "score": c.sentence_similarity(_split_pair(_need(i, "text"))[0], [_split_pair(i.text)[1]], model=m)[0]},
+    "summarization": lambda h, c, m, i: {"generated text": c.summarization(_need(i, "text"), model=m).summary_text},
+    "translation": lambda h, c, m, i: {"generated text": c.translation(_need(i, "text"), model=m).translation_text},
+    "text-generation": lambda h, c, m, i: {"generated text": c.text_generation(_need(i, "text"), model=m)},
+    "text2text-generation": lambda h, c, m, i: {"generated text": c.text_generation(_need(i, "text"), model=m)},
+    "conversational": lambda h, c, m, i: {"generated text": c.text_generation(_need(i, "text"), model=m)},
+    "image-classification": lambda h, c, m, i: {"predicted": plain(c.image_classification(_need(i, "image"), model=m))},
+    "object-detection": lambda h, c, m, i: (lambda p: {"generated image": draw_boxes(i, p, h.public_dir),
+                                                        "predicted": p})(plain(c.object_detection(_need(i, "image"), model=m))),
+    "image-segmentation": _segmentation,
+    "image-to-text": lambda h, c, m, i: {"generated text": c.image_to_text(_need(i, "image"), model=m).generated_text},
+    "text-to-image": lambda h, c, m, i: {"generated image": h.save_image(c.text_to_image(_need(i, "text"), model=m))},
+    "image-to-image": lambda h, c, m, i: {"generated image": h.save_image(c.image_to_image(_need(i, "image"), prompt=i.text, model=m))},
+    "visual-question-answering": lambda h, c, m, i: {"predicted": plain(c.visual_question_answering(_need(i, "image"), _need(i, "text"), model=m))},
+    "document-question-answering": lambda h, c, m, i: {"predicted": plain(c.document_question_answering(_need(i, "image"), _need(i, "text"), model=m))},
+    "text-to-speech": lambda h, c, m, i: {"generated audio": save_bytes(h.public_dir, "audio", c.text_to_speech(_need(i, "text"), model=m), "flac")},
+    "text-to-video": lambda h, c, m, i: {"generated video": save_bytes(h.public_dir, "video", c.text_to_video(_need(i, "text"), model=m), "mp4")},
+    "automatic-speech-recognition": lambda h, c, m, i: {"text": c.automatic_speech_recognition(_need(i, "audio"), model=m).text},
+    "audio-classification": lambda h, c, m, i: {"predicted": plain(c.audio_classification(_need(i, "audio"), model=m))},
+    "audio-to-audio": lambda h, c, m, i: (lambda out: {"generated audio": save_bytes(
+        h.public_dir, "audio", out[0].blob if isinstance(out[0].blob, bytes) else __import__("base64").b64decode(out[0].blob),
+        "flac"), "predicted": [o.label for o in out]})(c.audio_to_audio(_need(i, "audio"), model=m)),
+}

@@ -1,0 +1,62 @@
+"""Raw model answers -> JARVIS's result keys; boxes drawn onto a copy of the input image."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+from ..resources import new_output_path
+from . import TaskInputs
+
+PATH_KEY_BY_TASK = {
+    "text-to-video": "generated video",
+    "text-to-speech": "generated audio",
+    "audio-to-audio": "generated audio",
+}
+
+
+def path_key(task: str) -> str:
+    return PATH_KEY_BY_TASK.get(task, "generated image")
+
+
+def normalize(task: str, raw: Any, inputs: TaskInputs, public_dir: Path) -> dict[str, Any]:
+    """Map a models-server answer onto the keys the response stage and `<GENERATED>` refs expect."""
+    if isinstance(raw, dict) and "error" in raw:
+        err = raw["error"]
+        return {"error": err if isinstance(err, dict) else {"message": str(err)}}
+    if task == "object-detection" and isinstance(raw, list):
+        return {"generated image": draw_boxes(inputs, raw, public_dir), "predicted": raw}
+    if isinstance(raw, dict):
+        result = dict(raw)
+        if "path" in result:
+            result[path_key(task)] = result.pop("path")
+        if task == "audio-to-audio" and isinstance(result.get("paths"), list):
+            result["generated audio"] = result.pop("paths")[0]
+        return result
+    if isinstance(raw, list) and task == "audio-to-audio" and raw and isinstance(raw[0], dict) and "path" in raw[0]:
+        return {"generated audio": raw[0]["path"], "predicted": raw}
+    return {"predicted": raw}
+
+
+def draw_boxes(inputs: TaskInputs, predicted: list[dict[str, Any]], public_dir: Path) -> str | None:
+    if inputs.image is None:
+        return None
+    from PIL import Image, ImageDraw
+
+    image = Image.open(io.BytesIO(inputs.image.data)).convert("RGB")
+    draw = ImageDraw.Draw(image)
+    rng = random.Random(0)
+    colors: dict[str, tuple[int, int, int]] = {}
+    for item in predicted:
+        box = item.get("box") if isinstance(item, dict) else None
+        if not box:
+            continue
+        label = str(item.get("label", ""))
+        color = colors.setdefault(label, (rng.randint(0, 255), rng.randint(0, 100), rng.randint(0, 255)))
+        draw.rectangle(((box["xmin"], box["ymin"]), (box["xmax"], box["ymax"])), outline=color, width=2)
+        draw.text((box["xmin"] + 3, max(0, box["ymin"] - 12)), label, fill=color)
+    path, public = new_output_path(public_dir, "image", "png")
+    image.save(path, format="PNG")
+    return public

@@ -1,0 +1,250 @@
+"""YAML + environment -> a typed, immutable Config.
+
+Every error names the key and the file so a user can fix the config without reading code.
+Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+PLACEHOLDER_PREFIX = "REPLACE_WITH"
+API_TYPES = ("openai", "azure", "local")
+INFERENCE_MODES = ("local", "huggingface", "hybrid")
+DEPLOYMENTS = ("minimal", "standard", "full")
+STAGES = ("parse_task", "choose_model", "response_results")
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    """Everything needed to talk to one LLM backend; per-request overrides make a copy."""
+
+    api_type: str | None  # None: no backend configured, the client must send one per request
+    api_key: str | None = None
+    endpoint: str | None = None  # base URL (openai-compatible) or Azure resource URL
+    model: str = "gpt-4o-mini"
+    use_completion: bool = False
+    azure_deployment: str | None = None
+    azure_api_version: str = "2024-06-01"
+    timeout: float = 120.0
+    max_retries: int = 3
+    max_context_tokens: int | None = None
+
+    def redacted(self) -> dict[str, Any]:
+        """A loggable view: never the key itself."""
+        return {
+            "api_type": self.api_type,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "api_key": "set" if self.api_key else "unset",
+        }
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    root: Path  # folder the relative paths (demos, data, public) resolve against
+    llm: LLMSettings
+    huggingface_token: str | None = None
+    huggingface_base_url: str | None = None
+    inference_mode: str = "hybrid"
+    local_deployment: str = "full"
+    device: str = "cpu"
+    num_candidate_models: int = 5
+    max_description_length: int = 100
+    proxy: str | None = None
+    http_host: str = "0.0.0.0"
+    http_port: int = 8004
+    models_host: str = "localhost"
+    models_port: int = 8005
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    tprompt: dict[str, str] = field(default_factory=dict)
+    prompt: dict[str, str] = field(default_factory=dict)
+    demos: dict[str, Path] = field(default_factory=dict)
+    dev: bool = False
+    debug: bool = False
+    log_file: Path | None = None
+    public_dir: Path = Path("public")
+    catalog_path: Path = Path("data/p0_models.jsonl")
+    request_timeout: float = 600.0  # whole request deadline, seconds
+    task_timeout: float = 300.0  # one model call, seconds
+    status_timeout: float = 2.0
+    status_cache_seconds: float = 30.0
+    max_workers: int = 8
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_fetch_bytes: int = 20 * 1024 * 1024
+    fetch_timeout: float = 15.0
+    local_models_dir: Path = Path("models")
+    memory_budget_gb: float | None = None
+    semantic_ranking: bool = True
+    cache_dir: Path = Path(".cache")
+
+    @property
+    def models_server_url(self) -> str:
+        return f"http://{self.models_host}:{self.models_port}"
+
+    def with_overrides(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+
+def _get(data: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def _secret(value: Any) -> str | None:
+    if not value or not isinstance(value, str) or value.startswith(PLACEHOLDER_PREFIX):
+        return None
+    return value.strip()
+
+
+def _typed(data: dict, key: str, kind: type, default: Any, path: Path) -> Any:
+    value = _get(data, key, default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{path}: `{key}` must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: Path) -> str:
+    value = _get(data, key, default)
+    if value not in options:
+        raise ConfigError(f"{path}: `{key}` must be one of {', '.join(options)}, got {value!r}")
+    return value
+
+
+def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
+    """JARVIS's choice of backend: dev -> local, else azure, else openai, else local."""
+    model = _typed(data, "model", str, "gpt-4o-mini", path)
+    common = dict(
+        model=model,
+        use_completion=_typed(data, "use_completion", bool, False, path),
+        timeout=_typed(data, "llm_timeout", float, 120.0, path),
+        max_retries=_typed(data, "llm_max_retries", int, 3, path),
+        max_context_tokens=_get(data, "max_context_tokens"),
+    )
+    if _get(data, "dev", False) or ("local" in data and "openai" not in data and "azure" not in data):
+        endpoint = _get(data, "local.endpoint")
+        if not endpoint:
+            raise ConfigError(f"{path}: `local.endpoint` is required for a local LLM (e.g. http://localhost:8006/v1)")
+        key = _secret(_get(data, "local.api_key")) or _secret(env.get("OPENAI_API_KEY")) or "not-needed"
+        return LLMSettings(api_type="local", api_key=key, endpoint=str(endpoint), **common)
+    if "azure" in data:
+        azure = data.get("azure") or {}
+        key = _secret(azure.get("api_key")) or _secret(env.get("AZURE_OPENAI_API_KEY"))
+        if not key:
+            raise ConfigError(f"{path}: `azure.api_key` is missing (or set AZURE_OPENAI_API_KEY)")
+        base = azure.get("base_url")
+        if not _secret(base):
+            raise ConfigError(f"{path}: `azure.base_url` is missing (your https://<resource>.openai.azure.com)")
+        deployment = azure.get("deployment_name")
+        if not _secret(deployment):
+            raise ConfigError(f"{path}: `azure.deployment_name` is missing")
+        return LLMSettings(
+            api_type="azure",
+            api_key=key,
+            endpoint=str(base),
+            azure_deployment=str(deployment),
+            azure_api_version=str(azure.get("api_version") or "2024-06-01"),
+            **common,
+        )
+    if "openai" in data:
+        key = _secret(_get(data, "openai.api_key")) or _secret(env.get("OPENAI_API_KEY"))
+        if not key:
+            raise ConfigError(f"{path}: `openai.api_key` is missing (set it in the file or export OPENAI_API_KEY)")
+        endpoint = _get(data, "openai.base_url")
+        return LLMSettings(api_type="openai", api_key=key, endpoint=endpoint, **common)
+    # No backend in the file: every request must bring api_type/api_endpoint/api_key (JARVIS allows this).
+    return LLMSettings(api_type=None, api_key=_secret(env.get("OPENAI_API_KEY")), **common)
+
+
+def load_config(path: str | os.PathLike, env: dict[str, str] | None = None) -> Config:
+    """Read a JARVIS-style YAML config. Raises ConfigError with a one-line, actionable message."""
+    env = dict(os.environ) if env is None else env
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    root = Path(_get(data, "root", path.resolve().parent.parent))
+    if not root.is_absolute():
+        root = (path.resolve().parent / root).resolve()
+
+    def rel(value: str | os.PathLike) -> Path:
+        p = Path(value)
+        return p if p.is_absolute() else root / p
+
+    inference_mode = _choice(data, "inference_mode", INFERENCE_MODES, "hybrid", path)
+    token = _secret(_get(data, "huggingface.token")) or _secret(env.get("HUGGINGFACE_ACCESS_TOKEN")) or _secret(
+        env.get("HF_TOKEN")
+    )
+    demos: dict[str, Path] = {}
+    for stage in STAGES:
+        value = _get(data, f"demos_or_presteps.{stage}", f"demos/demo_{stage}.json")
+        demos[stage] = rel(value)
+    for section in ("tprompt", "prompt"):
+        for stage in STAGES:
+            value = _get(data, f"{section}.{stage}")
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: `{section}.{stage}` must be a string")
+    logit_bias = {}
+    for stage in ("parse_task", "choose_model"):
+        logit_bias[stage] = _typed(data, f"logit_bias.{stage}", float, 0.0, path)
+    log_file = _get(data, "log_file")
+    memory_budget = _get(data, "memory_budget_gb")
+    if memory_budget is not None and not isinstance(memory_budget, (int, float)):
+        raise ConfigError(f"{path}: `memory_budget_gb` must be a number")
+    return Config(
+        path=path,
+        root=root,
+        llm=_llm_settings(data, path, env),
+        huggingface_token=token,
+        huggingface_base_url=_get(data, "huggingface.base_url"),
+        inference_mode=inference_mode,
+        local_deployment=_choice(data, "local_deployment", DEPLOYMENTS, "full", path),
+        device=str(_get(data, "device", "cpu")),
+        num_candidate_models=_typed(data, "num_candidate_models", int, 5, path),
+        max_description_length=_typed(data, "max_description_length", int, 100, path),
+        proxy=_get(data, "proxy"),
+        http_host=str(_get(data, "http_listen.host", "0.0.0.0")),
+        http_port=_typed(data, "http_listen.port", int, 8004, path),
+        models_host=str(_get(data, "local_inference_endpoint.host", "localhost")),
+        models_port=_typed(data, "local_inference_endpoint.port", int, 8005, path),
+        logit_bias=logit_bias,
+        tprompt={k: v for k, v in (_get(data, "tprompt", {}) or {}).items()},
+        prompt={k: v for k, v in (_get(data, "prompt", {}) or {}).items()},
+        demos=demos,
+        dev=bool(_get(data, "dev", False)),
+        debug=bool(_get(data, "debug", False)),
+        log_file=rel(log_file) if log_file else None,
+        public_dir=rel(_get(data, "public_dir", "public")),
+        catalog_path=rel(_get(data, "catalog", "data/p0_models.jsonl")),
+        request_timeout=_typed(data, "request_timeout", float, 600.0, path),
+        task_timeout=_typed(data, "task_timeout", float, 300.0, path),
+        status_timeout=_typed(data, "status_timeout", float, 2.0, path),
+        status_cache_seconds=_typed(data, "status_cache_seconds", float, 30.0, path),
+        max_workers=_typed(data, "max_workers", int, 8, path),
+        max_body_bytes=_typed(data, "max_body_bytes", int, 10 * 1024 * 1024, path),
+        max_fetch_bytes=_typed(data, "max_fetch_bytes", int, 20 * 1024 * 1024, path),
+        fetch_timeout=_typed(data, "fetch_timeout", float, 15.0, path),
+        local_models_dir=rel(_get(data, "local_models_dir", "models")),
+        memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
+        semantic_ranking=bool(_get(data, "semantic_ranking", True)),
+        cache_dir=rel(_get(data, "cache_dir", ".cache")),
+    )

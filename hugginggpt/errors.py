@@ -1,0 +1,48 @@
+"""One exception hierarchy; each message tells the user what to do next."""
+
+from __future__ import annotations
+
+
+class HuggingGPTError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    status = 500
+    kind = "server_error"
+
+
+class ConfigError(HuggingGPTError):
+    kind = "config_error"
+
+
+class BadRequest(HuggingGPTError):
+    """The client sent something we cannot act on (HTTP 400)."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    status = 413
+
+
+class LLMError(HuggingGPTError):
+    """The LLM backend failed or is unreachable (HTTP 502)."""
+
+    status = 502
+    kind = "llm_backend_error"
+
+
+class ResourceError(BadRequest):
+    """An input image/audio could not be resolved or fetched."""
+
+
+class PlanError(HuggingGPTError):
+    """The planner's output could not be turned into a task list."""
+
+    kind = "plan_error"
+
+
+class BackendError(HuggingGPTError):
+    """A model backend (local models server, hosted inference) failed for one task."""
+
+    kind = "backend_error"

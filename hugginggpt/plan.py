@@ -1,0 +1,386 @@
+"""Stage 1 output: the LLM's text becomes a validated task graph.
+
+Real LLMs wrap JSON in prose and fences, use single quotes, leave trailing commas, forget a bracket,
+or write `<GENERATED-0>`. We repair what has one clear reading and report the rest per task, so
+one bad task never sinks the whole request.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+TEXT_TASKS_FOR_LLM = ("summarization", "translation", "conversational", "text-generation", "text2text-generation")
+CONTROLS = ("canny", "hed", "mlsd", "normal", "openpose")
+CONTROL_TEXT_TO_IMAGE = ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")
+
+TASK_TYPES: tuple[str, ...] = (
+    # text
+    "token-classification", "text2text-generation", "summarization", "translation", "question-answering",
+    "conversational", "text-generation", "sentence-similarity", "tabular-classification", "text-classification",
+    # vision
+    "object-detection", "image-classification", "image-to-image", "image-to-text", "text-to-image",
+    "text-to-video", "visual-question-answering", "document-question-answering", "image-segmentation",
+    "depth-estimation",
+    # audio
+    "text-to-speech", "automatic-speech-recognition", "audio-to-audio", "audio-classification",
+    # ControlNet
+    *(f"{c}-control" for c in CONTROLS),
+    *(f"{c}-text-to-image" for c in CONTROL_TEXT_TO_IMAGE),
+)
+
+TASK_ALIASES = {
+    "image-captioning": "image-to-text", "captioning": "image-to-text", "image-caption": "image-to-text",
+    "speech-recognition": "automatic-speech-recognition", "asr": "automatic-speech-recognition",
+    "speech-to-text": "automatic-speech-recognition", "tts": "text-to-speech", "speech-synthesis": "text-to-speech",
+    "ner": "token-classification", "named-entity-recognition": "token-classification",
+    "image-generation": "text-to-image", "vqa": "visual-question-answering", "sentiment-analysis":
+    "text-classification", "depth": "depth-estimation", "segmentation": "image-segmentation", "chat":
+    "conversational", "video-generation": "text-to-video", "qa": "question-answering", "detection":
+    "object-detection", "docqa": "document-question-answering", "speech-enhancement": "audio-to-audio",
+}
+ARG_KEYS = ("text", "image", "audio")
+ARG_ALIASES = {
+    "img": "image", "image_url": "image", "img_url": "image", "picture": "image", "photo": "image",
+    "audio_url": "audio", "speech": "audio", "sound": "audio", "prompt": "text", "input": "text",
+    "question": "text", "sentence": "text", "query": "text",
+}
+GENERATED_RE = re.compile(r"<\s*generated\s*(?:>\s*)?-\s*(\d+)\s*>?", re.IGNORECASE)
+REF_RE = re.compile(r"<GENERATED>-(\d+)")
+
+
+@dataclass
+class Task:
+    id: int
+    task: str
+    dep: list[int]
+    args: dict[str, str]
+    error: str | None = None  # set when the plan itself makes this task impossible
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "id": self.id, "dep": list(self.dep), "args": dict(self.args)}
+
+    def refs(self) -> list[int]:
+        out: list[int] = []
+        for value in self.args.values():
+            for m in REF_RE.finditer(value):
+                n = int(m.group(1))
+                if n not in out:
+                    out.append(n)
+        return out
+
+
+@dataclass
+class Plan:
+    tasks: list[Task]
+    notes: list[str] = field(default_factory=list)  # repairs made and problems found, for logs and answers
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [t.to_dict() for t in self.tasks]
+
+    def by_id(self) -> dict[int, Task]:
+        return {t.id: t for t in self.tasks}
+
+
+class PlanParseError(ValueError):
+    """No task list could be read from the text (the caller falls back to a conversational answer)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# text -> JSON
+
+
+def _strip_fences(text: str) -> str:
+    fence = re.search(r"```(?:json|JSON|javascript|js)?\s*\n?(.*?)```", text, re.DOTALL)
+    if fence and any(ch in fence.group(1) for ch in "[{"):
+        return fence.group(1)
+    return text
+
+
+def _balanced_span(text: str, start: int) -> str:
+    """From an opening bracket, the span up to its match; closes brackets an LLM forgot."""
+    stack: list[str] = []
+    quote: str | None = None
+    escaped = False
+    pairs = {"[": "]", "{": "}"}
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+            continue
+        if ch in "\"'":
+            # An apostrophe inside prose-like values ("it's") is not a quote if the next char is a letter
+            # and the previous one too; only treat it as a quote where JSON syntax can have one.
+            if ch == "'" and i > 0 and text[i - 1].isalnum() and i + 1 < len(text) and text[i + 1].isalnum():
+                continue
+            quote = ch
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in "]}":
+            if stack and stack[-1] == ch:
+                stack.pop()
+            if not stack:
+                return text[start : i + 1]
+    if quote:
+        return text[start:] + quote + "".join(reversed(stack))
+    return text[start:] + "".join(reversed(stack))
+
+
+def _remove_trailing_commas(s: str) -> str:
+    return re.sub(r",\s*([\]}])", r"\1", s)
+
+
+def _pythonize(s: str) -> str:
+    """JSON literals to Python ones, outside quoted strings, for ast.literal_eval."""
+    out = []
+    for i, part in enumerate(re.split(r"(\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*')", s)):
+        if i % 2 == 0:
+            part = re.sub(r"\btrue\b", "True", part)
+            part = re.sub(r"\bfalse\b", "False", part)
+            part = re.sub(r"\bnull\b", "None", part)
+        out.append(part)
+    return "".join(out)
+
+
+def _loads_tolerant(s: str) -> Any:
+    attempts = (
+        lambda x: json.loads(x),
+        lambda x: json.loads(_remove_trailing_commas(x)),
+        lambda x: ast.literal_eval(_pythonize(x)),
+        lambda x: ast.literal_eval(_pythonize(_remove_trailing_commas(x))),
+    )
+    for attempt in attempts:
+        try:
+            return attempt(s)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    raise PlanParseError("not JSON")
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON list (or object/objects) in an LLM reply, repaired if needed."""
+    if not isinstance(text, str):
+        raise PlanParseError("planner output is not text")
+    body = _strip_fences(text.strip())
+    body = GENERATED_RE.sub(lambda m: f"<GENERATED>-{m.group(1)}", body)
+    starts = [i for i in (body.find("["), body.find("{")) if i >= 0]
+    if not starts:
+        raise PlanParseError("no JSON in the planner's reply")
+    first = min(starts)
+    span = _balanced_span(body, first)
+    try:
+        value = _loads_tolerant(span)
+    except PlanParseError:
+        if body[first] == "[":
+            raise
+        value = None
+    if body[first] == "{":
+        # Several bare objects one after another: collect them all.
+        objects = []
+        pos = first
+        while pos >= 0:
+            piece = _balanced_span(body, pos)
+            try:
+                objects.append(_loads_tolerant(piece))
+            except PlanParseError:
+                break
+            pos = body.find("{", pos + len(piece))
+        if len(objects) > 1:
+            return objects
+        if value is None:
+            raise PlanParseError("no JSON in the planner's reply")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON -> validated tasks
+
+
+def normalize_task_type(name: Any) -> str | None:
+    if not isinstance(name, str):
+        return None
+    key = name.strip().lower().replace("_", "-").replace(" ", "-")
+    if key in TASK_TYPES:
+        return key
+    return TASK_ALIASES.get(key)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = GENERATED_RE.search(value) or re.fullmatch(r"\s*(-?\d+)\s*", value)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _normalize_args(raw: Any, notes: list[str], tid: Any) -> dict[str, str]:
+    args: dict[str, str] = {}
+    if not isinstance(raw, dict):
+        if isinstance(raw, str) and raw.strip():
+            notes.append(f"task {tid}: args was a string; used it as the text argument")
+            return {"text": raw}
+        return args
+    for key, value in raw.items():
+        k = str(key).strip().lower()
+        k = ARG_ALIASES.get(k, k)
+        if k not in ARG_KEYS:
+            notes.append(f"task {tid}: dropped argument {key!r} (only text, image, audio are allowed)")
+            continue
+        if k in args:
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif value is None:
+            continue
+        elif not isinstance(value, str):
+            value = json.dumps(value) if isinstance(value, dict) else str(value)
+        args[k] = GENERATED_RE.sub(lambda m: f"<GENERATED>-{m.group(1)}", value)
+    return args
+
+
+def tasks_from_json(data: Any) -> Plan:
+    """Validate and repair; every change is recorded in Plan.notes."""
+    notes: list[str] = []
+    if isinstance(data, dict):
+        for key in ("tasks", "plan", "task_list"):
+            if isinstance(data.get(key), list):
+                data = data[key]
+                break
+        else:
+            data = [data]
+            notes.append("the planner returned one object; treated it as a one-task list")
+    if not isinstance(data, list):
+        raise PlanParseError("the plan is not a list of tasks")
+    tasks: list[Task] = []
+    used: set[int] = set()
+    for index, item in enumerate(data):
+        if not isinstance(item, dict):
+            notes.append(f"item {index}: not an object, ignored")
+            continue
+        tid = _as_int(item.get("id"))
+        if tid is None or tid < 0 or tid in used:
+            new = index
+            while new in used:
+                new += 1
+            if item.get("id") is not None:
+                notes.append(f"item {index}: id {item.get('id')!r} missing or duplicated, renumbered to {new}")
+            tid = new
+        used.add(tid)
+        raw_type = item.get("task")
+        task_type = normalize_task_type(raw_type)
+        args = _normalize_args(item.get("args", {}), notes, tid)
+        raw_dep = item.get("dep", [-1])
+        if not isinstance(raw_dep, list):
+            raw_dep = [raw_dep]
+        dep = [d for d in (_as_int(x) for x in raw_dep) if d is not None and d >= 0]
+        task = Task(id=tid, task=task_type or str(raw_type), dep=dep or [-1], args=args)
+        if task_type is None:
+            task.error = f"unknown task type {raw_type!r}; supported types are listed in the planner prompt"
+            notes.append(f"task {tid}: {task.error}")
+        elif task_type != raw_type:
+            notes.append(f"task {tid}: task type {raw_type!r} read as {task_type!r}")
+        tasks.append(task)
+    plan = Plan(tasks=tasks, notes=notes)
+    plan = unfold(plan)
+    plan = fix_dep(plan)
+    check_graph(plan)
+    return plan
+
+
+def parse_plan(text: str) -> Plan:
+    """LLM text -> Plan. Raises PlanParseError when there is no task list to read."""
+    return tasks_from_json(extract_json(text))
+
+
+def unfold(plan: Plan) -> Plan:
+    """One task per `<GENERATED>` ref where an argument lists several (as JARVIS does).
+
+    Unlike JARVIS, the copies get fresh ids so results never overwrite each other.
+    """
+    next_id = max((t.id for t in plan.tasks), default=-1) + 1
+    out: list[Task] = []
+    for task in plan.tasks:
+        split_key = None
+        for key, value in task.args.items():
+            items = [v.strip() for v in value.split(",")]
+            if "<GENERATED>" in value and len(items) > 1 and all(REF_RE.fullmatch(v) for v in items):
+                split_key = key
+                break
+        if split_key is None:
+            out.append(task)
+            continue
+        items = [v.strip() for v in task.args[split_key].split(",")]
+        for n, item in enumerate(items):
+            clone = copy.deepcopy(task)
+            clone.args[split_key] = item
+            if n > 0:
+                clone.id = next_id
+                next_id += 1
+            out.append(clone)
+        plan.notes.append(
+            f"task {task.id}: unfolded into tasks {[task.id] + list(range(next_id - len(items) + 1, next_id))}"
+        )
+    plan.tasks = out
+    return plan
+
+
+def fix_dep(plan: Plan) -> Plan:
+    """Rebuild `dep` from the `<GENERATED>-N` refs (JARVIS's rule), keeping valid explicit deps too."""
+    ids = {t.id for t in plan.tasks}
+    for task in plan.tasks:
+        refs = task.refs()
+        for ref in refs:
+            if ref == task.id:
+                task.error = task.error or "an argument refers to the task's own output"
+            elif ref not in ids:
+                earlier = [d for d in task.dep if d in ids and d != task.id]
+                if len(earlier) == 1:
+                    for key, value in task.args.items():
+                        task.args[key] = value.replace(f"<GENERATED>-{ref}", f"<GENERATED>-{earlier[0]}")
+                    plan.notes.append(f"task {task.id}: reference to missing task {ref} read as {earlier[0]}")
+                else:
+                    task.error = task.error or f"an argument refers to task {ref}, which is not in the plan"
+        deps = [r for r in task.refs() if r in ids and r != task.id]
+        task.dep = deps or [-1]
+    return plan
+
+
+def check_graph(plan: Plan) -> None:
+    """Mark tasks on a dependency cycle as failed; forward references without a cycle are fine."""
+    by_id = plan.by_id()
+    state: dict[int, int] = {}  # 1 visiting, 2 done
+    on_cycle: set[int] = set()
+
+    def visit(tid: int, path: list[int]) -> None:
+        state[tid] = 1
+        for d in by_id[tid].dep:
+            if d not in by_id:
+                continue
+            if state.get(d) == 1:
+                on_cycle.update(path[path.index(d) :] if d in path else [d, tid])
+            elif state.get(d) is None:
+                visit(d, path + [d])
+        state[tid] = 2
+
+    for tid in by_id:
+        if tid not in state:
+            visit(tid, [tid])
+    for tid in sorted(on_cycle):
+        by_id[tid].error = by_id[tid].error or f"dependency cycle through tasks {sorted(on_cycle)}"
+    if on_cycle:
+        plan.notes.append(f"dependency cycle through tasks {sorted(on_cycle)}; those tasks will not run")

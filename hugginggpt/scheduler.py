@@ -1,0 +1,180 @@
+"""The DAG runner: each task starts the moment its last dependency finishes.
+
+A tiny state machine per task (pending -> running -> done | failed; pending -> skipped) driven by
+completion callbacks on a thread pool: no polling loop, no sleeps. Knows nothing of models or HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PENDING, RUNNING, DONE, FAILED, SKIPPED, TIMEOUT, CANCELLED = (
+    "pending", "running", "done", "failed", "skipped", "timeout", "cancelled",
+)
+
+
+class TaskFailed(Exception):
+    """Raised by a task body to fail with a payload (e.g. a JARVIS-shaped result holding `error`)."""
+
+    def __init__(self, message: str, payload: Any = None):
+        super().__init__(message)
+        self.payload = payload
+
+
+@dataclass
+class Outcome:
+    task_id: int
+    state: str = PENDING
+    result: Any = None
+    error: str | None = None
+    started_at: float | None = None  # time.perf_counter()
+    finished_at: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state == DONE
+
+
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+class Scheduler:
+    """Run `body(task_id)` for every node of a DAG given as {id: [dependency ids]}."""
+
+    def __init__(
+        self,
+        graph: dict[int, list[int]],
+        body: Callable[[int], Any],
+        *,
+        max_workers: int = 8,
+        on_event: EventSink | None = None,
+        failed_upfront: dict[int, str] | None = None,
+    ):
+        self._graph = {tid: [d for d in deps if d in graph and d != tid] for tid, deps in graph.items()}
+        self._body = body
+        self._emit = on_event or (lambda name, payload: None)
+        self._lock = threading.Lock()
+        self._all_done = threading.Event()
+        self._closed = False
+        self._outcomes = {tid: Outcome(tid) for tid in graph}
+        self._waiting = {tid: set(deps) for tid, deps in self._graph.items()}
+        self._dependents: dict[int, list[int]] = {tid: [] for tid in graph}
+        for tid, deps in self._graph.items():
+            for d in deps:
+                self._dependents[d].append(tid)
+        self._open = len(graph)
+        self._failed_upfront = failed_upfront or {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="task")
+
+    # -- public -------------------------------------------------------------------------------
+
+    def run(self, timeout: float | None = None) -> dict[int, Outcome]:
+        """Block until every task is settled, the deadline passes, or cancel() is called."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        with self._lock:
+            for tid, message in self._failed_upfront.items():
+                if tid in self._outcomes and self._outcomes[tid].state == PENDING:
+                    _, skipped = self._settle(tid, FAILED, None, message)
+                    events.append(("task_failed", {"id": tid, "result": None, "error": message, "seconds": 0.0}))
+                    events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in skipped]
+            starters = [t for t, deps in self._waiting.items() if not deps and self._outcomes[t].state == PENDING]
+            if self._open == 0:
+                self._all_done.set()
+        for name, payload in events:
+            self._emit(name, payload)
+        for tid in starters:
+            self._start(tid)
+        finished = self._all_done.wait(timeout)
+        with self._lock:
+            if not finished or self._closed:
+                self._close(TIMEOUT if not finished else CANCELLED, "deadline passed before the task finished")
+            self._closed = True
+            result = {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return result
+
+    def cancel(self, reason: str = "cancelled by the client") -> None:
+        with self._lock:
+            if not self._closed:
+                self._close(CANCELLED, reason)
+                self._closed = True
+        self._all_done.set()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _close(self, state: str, reason: str) -> None:
+        for o in self._outcomes.values():
+            if o.state in (PENDING, RUNNING):
+                o.state, o.error = state, reason
+                o.finished_at = time.perf_counter()
+
+    def _start(self, tid: int) -> None:
+        with self._lock:
+            if self._closed or self._outcomes[tid].state != PENDING:
+                return
+            self._outcomes[tid].state = RUNNING
+            self._outcomes[tid].started_at = time.perf_counter()
+        try:
+            self._pool.submit(self._work, tid)
+        except RuntimeError:  # pool shut down by a deadline that passed meanwhile
+            pass
+
+    def _work(self, tid: int) -> None:
+        self._emit("task_started", {"id": tid})
+        try:
+            result = self._body(tid)
+            state, error = DONE, None
+        except TaskFailed as exc:
+            result, state, error = exc.payload, FAILED, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a task's crash must not take the request down
+            log.exception("task %s crashed", tid)
+            result, state, error = None, FAILED, f"{exc.__class__.__name__}: {exc}"
+        with self._lock:
+            if self._closed:
+                return
+            ready, skipped = self._settle(tid, state, result, error)
+        outcome = self._outcomes[tid]
+        payload = {"id": tid, "result": result, "error": error,
+                   "seconds": round((outcome.finished_at or 0) - (outcome.started_at or 0), 4)}
+        self._emit("task_finished" if state == DONE else "task_failed", payload)
+        for s in skipped:
+            self._emit("task_skipped", {"id": s, "error": self._outcomes[s].error})
+        for r in ready:
+            self._start(r)
+
+    def _settle(self, tid: int, state: str, result: Any, error: str | None) -> tuple[list[int], list[int]]:
+        """Record an outcome (lock held); return (dependents now ready, dependents now skipped)."""
+        now = time.perf_counter()
+        o = self._outcomes[tid]
+        o.state, o.result, o.error, o.finished_at = state, result, error, now
+        self._open -= 1
+        ready: list[int] = []
+        skipped: list[int] = []
+        if state == DONE:
+            for d in self._dependents[tid]:
+                self._waiting[d].discard(tid)
+                if not self._waiting[d] and self._outcomes[d].state == PENDING:
+                    ready.append(d)
+        else:
+            stack = [(d, tid) for d in self._dependents[tid]]
+            while stack:
+                d, cause = stack.pop()
+                od = self._outcomes[d]
+                if od.state != PENDING:
+                    continue
+                od.state, od.finished_at = SKIPPED, now
+                od.error = f"skipped: task {cause} it depends on did not finish ({self._outcomes[cause].error})"
+                skipped.append(d)
+                self._open -= 1
+                stack += [(x, d) for x in self._dependents[d]]
+        if self._open == 0:
+            self._all_done.set()
+        return ready, skipped

@@ -1,0 +1,199 @@
+"""Stage 2: pick a model for each task.
+
+JARVIS's fixed rules first (ControlNet tasks, text tasks the LLM does itself), then catalog candidates
+ranked for the request, checked for availability in parallel, and the LLM choosing among several.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends import Backend
+from .catalog import Catalog, ModelCard, RankQuery, Ranker
+from .errors import LLMError
+from .llm import LLMClient
+from .plan import TEXT_TASKS_FOR_LLM, PlanParseError, Task, extract_json
+from .prompts import PromptSet
+
+log = logging.getLogger(__name__)
+
+LLM_MODEL_ID = "ChatGPT"  # JARVIS's name for "the LLM answers this text task itself"
+
+
+@dataclass
+class Selection:
+    task_id: int
+    task: str
+    model_id: str | None
+    hosted_on: str | None  # "local" | "huggingface" | "llm" | None
+    reason: str
+    available: dict[str, list[str]] = field(default_factory=dict)  # backend -> available ids, ranked
+    error: str | None = None
+
+    def choose(self) -> dict[str, str] | str:
+        """JARVIS's `choose model result`: {"id", "reason"} (or "" when nothing was chosen)."""
+        return {"id": self.model_id, "reason": self.reason} if self.model_id else ""
+
+    def fallbacks(self) -> list[tuple[str, str]]:
+        """(model, backend) pairs to try, the chosen one first."""
+        order: list[tuple[str, str]] = []
+        if self.model_id and self.hosted_on in ("local", "huggingface"):
+            order.append((self.model_id, self.hosted_on))
+        for backend in ("local", "huggingface"):
+            for mid in self.available.get(backend, []):
+                if (mid, backend) not in order:
+                    order.append((mid, backend))
+        return order
+
+
+class Availability:
+    """Which candidates each backend can serve now; answers are cached for `ttl` seconds."""
+
+    def __init__(self, backends: dict[str, Backend], ttl: float = 30.0, max_workers: int = 16):
+        self.backends = backends
+        self.ttl = ttl
+        self._cache: dict[tuple[str, str], tuple[bool, float]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="status")
+
+    def _check(self, backend: str, model_id: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get((backend, model_id))
+            if hit and hit[1] > now:
+                return hit[0]
+        ok = self.backends[backend].is_available(model_id)
+        if self.ttl > 0:
+            with self._lock:
+                self._cache[(backend, model_id)] = (ok, now + self.ttl)
+        return ok
+
+    def check(self, model_ids: list[str], backends: list[str]) -> dict[str, list[str]]:
+        jobs = {(b, m): self._pool.submit(self._check, b, m) for b in backends if b in self.backends for m in model_ids}
+        out: dict[str, list[str]] = {b: [] for b in backends}
+        for (b, m), fut in jobs.items():
+            try:
+                if fut.result():
+                    out[b].append(m)
+            except Exception:  # noqa: BLE001 - a broken status check means "not available"
+                log.warning("status check of %s on %s failed", m, b)
+        return out
+
+
+def control_task_fixup(task: Task) -> None:
+    """JARVIS: a `<control>-text-to-image` task without text is really the annotator (or seg/depth)."""
+    if task.task.endswith("-text-to-image") and "text" not in task.args and task.task != "text-to-image":
+        control = task.task.split("-")[0]
+        task.task = {"seg": "image-segmentation", "depth": "depth-estimation"}.get(control, f"{control}-control")
+
+
+def parse_choice(text: str, candidates: list[str]) -> tuple[str | None, str]:
+    """The LLM's {"id", "reason"}, read tolerantly; the id must be one of the candidates."""
+    chosen, reason = None, ""
+    try:
+        data = extract_json(text)
+        if isinstance(data, list) and data:
+            data = data[0]
+        if isinstance(data, dict):
+            chosen = str(data.get("id") or data.get("model") or data.get("model_id") or "") or None
+            reason = str(data.get("reason") or "")
+    except PlanParseError:
+        pass
+    if chosen is None:
+        m = re.search(r"""["']?id["']?\s*[:=]\s*["']([^"']+)["']""", text)
+        chosen = m.group(1) if m else None
+        r = re.search(r"""["']?reason["']?\s*[:=]\s*["'](.+?)["']\s*[,}]?\s*$""", text, re.DOTALL)
+        reason = r.group(1) if r else reason
+    if chosen not in candidates:
+        mentioned = [c for c in candidates if c in text]
+        if chosen:
+            mentioned += [c for c in candidates if c.endswith("/" + chosen.split("/")[-1]) and c not in mentioned]
+        chosen = mentioned[0] if mentioned else None
+    return chosen, reason or "chosen by the LLM"
+
+
+class Selector:
+    def __init__(
+        self,
+        *,
+        catalog: Catalog,
+        ranker: Ranker,
+        availability: Availability,
+        prompts: PromptSet,
+        inference_mode: str,
+        num_candidates: int,
+        max_description_length: int,
+    ):
+        self.catalog = catalog
+        self.ranker = ranker
+        self.availability = availability
+        self.prompts = prompts
+        self.inference_mode = inference_mode
+        self.num_candidates = num_candidates
+        self.max_description_length = max_description_length
+
+    def backends_in_order(self) -> list[str]:
+        return {"local": ["local"], "huggingface": ["huggingface"], "hybrid": ["local", "huggingface"]}[
+            self.inference_mode
+        ]
+
+    def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0) -> Selection:
+        base = dict(task_id=task.id, task=task.task)
+        if task.task.endswith("-text-to-image") or task.task.endswith("-control"):
+            if self.inference_mode == "huggingface":
+                return Selection(**base, model_id=None, hosted_on=None, reason="",
+                                 error="ControlNet tasks need the local models server (inference_mode local or hybrid)")
+            control = task.task.split("-")[0]
+            model_id = f"lllyasviel/sd-controlnet-{control}" if task.task.endswith("-text-to-image") else task.task
+            return Selection(**base, model_id=model_id, hosted_on="local",
+                             reason="ControlNet is the best model for this task.")
+        if task.task in TEXT_TASKS_FOR_LLM:
+            return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
+                             reason="The LLM performs well on this text task itself.")
+        cards = self.catalog.candidates(
+            RankQuery(task=task.task, text=" ".join([task.task, *task.args.values(), user_input])),
+            self.ranker,
+            limit=max(self.num_candidates * 2, 10),
+        )
+        if not cards:
+            return Selection(**base, model_id=None, hosted_on=None, reason="",
+                             error=f"no model in the catalog does {task.task}")
+        ids = [c.id for c in cards]
+        order = self.backends_in_order()
+        found = self.availability.check(ids, order)
+        ranked = {b: [m for m in ids if m in found.get(b, [])] for b in order}
+        # JARVIS keeps at most num_candidate_models, local ones first.
+        kept: list[tuple[str, str]] = []
+        for b in order:
+            for m in ranked[b]:
+                if len(kept) < self.num_candidates and m not in [k for k, _ in kept]:
+                    kept.append((m, b))
+        available = {b: [m for m, bb in kept if bb == b] for b in order}
+        if not kept:
+            where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
+            return Selection(**base, model_id=None, hosted_on=None, reason="", available=available,
+                             error=f"no available model for {task.task} on {where}")
+        if len(kept) == 1:
+            mid, b = kept[0]
+            return Selection(**base, model_id=mid, hosted_on=b, reason="Only one model available.", available=available)
+        by_id: dict[str, ModelCard] = {c.id: c for c in cards}
+        metas: list[dict[str, Any]] = [by_id[m].meta(self.max_description_length, b) for m, b in kept]
+        try:
+            reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), metas), logit_bias_weight=logit_bias)
+        except LLMError as exc:
+            mid, b = kept[0]
+            return Selection(**base, model_id=mid, hosted_on=b, available=available,
+                             reason=f"top-ranked candidate (the LLM could not choose: {exc})")
+        chosen, reason = parse_choice(reply, [m for m, _ in kept])
+        if chosen is None:
+            mid, b = kept[0]
+            return Selection(**base, model_id=mid, hosted_on=b, available=available,
+                             reason="top-ranked candidate (the LLM's choice was not one of the candidates)")
+        hosted_on = next(b for m, b in kept if m == chosen)
+        return Selection(**base, model_id=chosen, hosted_on=hosted_on, reason=reason, available=available)

@@ -1,0 +1,173 @@
+"""Fixtures: a scripted LLM and a fake models server in-process, the project's server as a subprocess."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import yaml
+from PIL import Image
+
+from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
+from tests.fakes.models_server import FakeModels
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS = {
+    "stabilityai/stable-diffusion-xl-base-1.0": "text-to-image",
+    "Salesforce/blip-image-captioning-large": "image-to-text",
+    "nlpconnect/vit-gpt2-image-captioning": "image-to-text",
+    "google/vit-base-patch16-224": "image-classification",
+    "facebook/detr-resnet-50": "object-detection",
+    "microsoft/speecht5_tts": "text-to-speech",
+    "openai/whisper-base": "automatic-speech-recognition",
+    "dslim/bert-base-NER": "token-classification",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_public(folder: Path) -> Path:
+    (folder / "examples").mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (80, 60), (200, 30, 30)).save(folder / "examples" / "red.png")
+    Image.new("RGB", (40, 40), (10, 200, 30)).save(folder / "examples" / "green.jpg")
+    import soundfile as sf
+
+    sf.write(folder / "examples" / "hello.wav", np.zeros(8000, dtype="float32"), 16000)
+    (folder.parent / "secret.txt").write_text("do not serve me")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def public_dir(tmp_path_factory) -> Path:
+    return make_public(tmp_path_factory.mktemp("site") / "public")
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[ScriptedLLM]:
+    llm = ScriptedLLM()
+    server = ThreadedServer(llm.app()).start()
+    llm.base_url = server.url
+    yield llm
+    server.stop()
+
+
+@pytest.fixture
+def llm(llm_server: ScriptedLLM) -> ScriptedLLM:
+    llm_server.reset()
+    return llm_server
+
+
+@pytest.fixture(scope="session")
+def models_server(public_dir: Path) -> Iterator[tuple[FakeModels, str]]:
+    fake = FakeModels(public=public_dir, models=dict(DEFAULT_MODELS))
+    server = ThreadedServer(fake.app()).start()
+    yield fake, server.url
+    server.stop()
+
+
+@pytest.fixture
+def models(models_server) -> FakeModels:
+    fake, _ = models_server
+    fake.models = dict(DEFAULT_MODELS)
+    fake.delays.clear()
+    fake.broken.clear()
+    fake.calls.clear()
+    fake.status_calls.clear()
+    return fake
+
+
+def write_config(folder: Path, llm_url: str, models_url: str, public: Path, **extra: Any) -> Path:
+    port = int(models_url.rsplit(":", 1)[1])
+    data: dict[str, Any] = {
+        "local": {"endpoint": llm_url + "/v1"},
+        "dev": True,
+        "model": "scripted",
+        "root": str(ROOT),
+        "public_dir": str(public),
+        "inference_mode": "local",
+        "local_deployment": "minimal",
+        "device": "cpu",
+        "num_candidate_models": 3,
+        "max_description_length": 100,
+        "http_listen": {"host": "127.0.0.1", "port": 8004},
+        "local_inference_endpoint": {"host": "127.0.0.1", "port": port},
+        "logit_bias": {"parse_task": 0.1, "choose_model": 5},
+        "llm_max_retries": 2,
+        "llm_timeout": 10,
+        "status_cache_seconds": 0,
+        "request_timeout": 30,
+    }
+    for key, value in extra.items():
+        data[key] = value
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class RunningServer:
+    def __init__(self, url: str, proc: subprocess.Popen, log: Path):
+        self.url, self.proc, self.log = url, proc, log
+
+    def post(self, path: str, body: Any, **kw: Any) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=kw.pop("timeout", 30), **kw)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(config: Path, folder: Path, env: dict[str, str] | None = None) -> RunningServer:
+    port = free_port()
+    log = folder / f"server-{port}.log"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "server", "--port",
+         str(port), "--host", "127.0.0.1"],
+        cwd=folder, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()}")
+        try:
+            if requests.get(url + "/health", timeout=1).status_code == 200:
+                return RunningServer(url, proc, log)
+        except requests.RequestException:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server did not start: {log.read_text()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, llm_server, models_server, public_dir) -> Iterator[RunningServer]:
+    folder = tmp_path_factory.mktemp("srv")
+    _, models_url = models_server
+    config = write_config(folder, llm_server.base_url, models_url, public_dir, max_body_bytes=200_000)
+    running = start_server(config, folder)
+    yield running
+    stop_server(running)
+
+
+def png_bytes(response: requests.Response) -> Image.Image:
+    return Image.open(io.BytesIO(response.content))

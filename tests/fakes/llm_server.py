@@ -1,0 +1,177 @@
+"""A scripted OpenAI-compatible LLM server on loopback, for driving the real `openai` client in tests.
+
+Stages are recognised from the system prompt (#1 planning, #2 model choice, #4 response); anything
+else is chit-chat or a text task. Replies come from rules the test sets; every request is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.serving import make_server
+
+Reply = str | Callable[[dict[str, Any]], str]
+
+
+def stage_of(messages: list[dict[str, str]]) -> str:
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    if system.startswith("#1"):
+        return "parse_task"
+    if system.startswith("#2"):
+        return "choose_model"
+    if system.startswith("#4"):
+        return "response_results"
+    if messages and "Act as a" in messages[-1]["content"] and "system with the arguments" in messages[-1]["content"]:
+        return "text_task"
+    return "chitchat"
+
+
+def default_reply(stage: str, body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    last = messages[-1]["content"] if messages else body.get("prompt", "")
+    if stage == "parse_task":
+        return "[]"
+    if stage == "choose_model":
+        ids = re.findall(r'"id": "([^"]+)"', last)
+        return json.dumps({"id": ids[0] if ids else "none", "reason": "first candidate (scripted)"})
+    if stage == "response_results":
+        log = next((m["content"] for m in messages if m["role"] == "assistant"), "")
+        return "ANSWER based on: " + log
+    if stage == "text_task":
+        return "TEXT-TASK RESULT"
+    return "CHITCHAT: " + last
+
+
+@dataclass
+class Rule:
+    stage: str
+    contains: str | None
+    reply: Reply
+    times: int | None = None  # None: forever
+    delay: float = 0.0
+
+
+@dataclass
+class ScriptedLLM:
+    rules: list[Rule] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    base_url: str = ""
+
+    def on(self, stage: str, reply: Reply, contains: str | None = None, times: int | None = None,
+           delay: float = 0.0) -> None:
+        with self.lock:
+            self.rules.insert(0, Rule(stage, contains, reply, times, delay))
+
+    def fail(self, *statuses: int) -> None:
+        with self.lock:
+            self.failures.extend(statuses)
+
+    def stage_requests(self, stage: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["stage"] == stage]
+
+    def reset(self) -> None:
+        with self.lock:
+            self.rules.clear()
+            self.requests.clear()
+            self.failures.clear()
+
+    def _answer(self, body: dict[str, Any]) -> tuple[str, float]:
+        messages = body.get("messages")
+        if messages is None:  # completion API: recover the stage from the rendered prompt
+            prompt = body.get("prompt", "")
+            messages = [{"role": m.group(1), "content": m.group(2)}
+                        for m in re.finditer(r"<im_start>(\w+)\n(.*?)<im_end>", prompt, re.DOTALL)]
+        stage = stage_of(messages)
+        text = "\n".join(m["content"] for m in messages)
+        with self.lock:
+            self.requests.append({"stage": stage, "body": body, "time": time.perf_counter()})
+            for rule in self.rules:
+                if rule.stage == stage and (rule.contains is None or rule.contains in text):
+                    if rule.times is not None:
+                        if rule.times <= 0:
+                            continue
+                        rule.times -= 1
+                    reply = rule.reply(body) if callable(rule.reply) else rule.reply
+                    return reply, rule.delay
+        return default_reply(stage, {**body, "messages": messages}), 0.0
+
+    def app(self) -> Flask:
+        app = Flask("scripted-llm")
+
+        def failure() -> Response | None:
+            with self.lock:
+                status = self.failures.pop(0) if self.failures else None
+            if status is None:
+                return None
+            resp = jsonify({"error": {"message": f"scripted failure {status}", "type": "server_error"}})
+            resp.status_code = status
+            resp.headers["retry-after-ms"] = "10"
+            return resp
+
+        @app.post("/v1/chat/completions")
+        def chat() -> Response:
+            body = request.get_json(force=True)
+            failed = failure()
+            if failed is not None:
+                self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter()})
+                return failed
+            reply, delay = self._answer(body)
+            if delay:
+                time.sleep(delay)
+            if body.get("stream"):
+                def gen():
+                    pieces = re.findall(r"\S+\s*", reply) or [""]
+                    for p in pieces:
+                        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+                                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
+                                              "finish_reason": None}]}
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    yield "data: [DONE]\n\n"
+                return Response(gen(), mimetype="text/event-stream")
+            return jsonify({
+                "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            })
+
+        @app.post("/v1/completions")
+        def completions() -> Response:
+            body = request.get_json(force=True)
+            failed = failure()
+            if failed is not None:
+                return failed
+            reply, _ = self._answer(body)
+            return jsonify({"id": "c2", "object": "text_completion", "created": 0, "model": body["model"],
+                            "choices": [{"index": 0, "text": reply, "finish_reason": "stop", "logprobs": None}]})
+
+        @app.get("/v1/models")
+        def models() -> Response:
+            return jsonify({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
+
+        return app
+
+
+class ThreadedServer:
+    """A WSGI app served on a free loopback port from a background thread."""
+
+    def __init__(self, app: Flask, port: int = 0):
+        self.server = make_server("127.0.0.1", port, app, threaded=True)
+        self.port = self.server.server_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> ThreadedServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
