@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .catalog import Catalog, ModelCard, RankQuery, Ranker
+from .catalog import Catalog, ModelCard, Ranker, RankQuery
 from .errors import LLMError
 from .llm import LLMClient
 from .plan import TEXT_TASKS_FOR_LLM, PlanParseError, Task, extract_json

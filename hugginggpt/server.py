@@ -152,6 +152,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
 
     @app.get("/<path:filename>")
     def public_files(filename: str) -> Response:
+        if "/" + filename in MODES:
+            return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
         return send_from_directory(public, filename)
 
     return app

@@ -1,0 +1,100 @@
+"""The DAG runner alone: start order, overlap, failure propagation, deadlines, no polling."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hugginggpt.scheduler import DONE, FAILED, SKIPPED, TIMEOUT, Scheduler, TaskFailed
+
+
+def recorder(delays: dict[int, float], fail: set[int] = frozenset()):
+    times: dict[int, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def body(tid: int):
+        start = time.perf_counter()
+        time.sleep(delays.get(tid, 0.0))
+        end = time.perf_counter()
+        with lock:
+            times[tid] = (start, end)
+        if tid in fail:
+            raise TaskFailed(f"task {tid} broke", {"error": "broke"})
+        return f"out{tid}"
+
+    return body, times
+
+
+def test_dependent_starts_only_after_its_dependency():
+    body, times = recorder({0: 0.15})
+    outcomes = Scheduler({0: [], 1: [0]}, body).run(timeout=5)
+    assert outcomes[1].state == DONE
+    assert times[1][0] >= times[0][1]
+
+
+def test_independent_tasks_overlap():
+    body, times = recorder({0: 0.3, 1: 0.3})
+    t0 = time.perf_counter()
+    Scheduler({0: [], 1: []}, body).run(timeout=5)
+    assert time.perf_counter() - t0 < 0.55  # sequential would take 0.6
+    assert times[1][0] < times[0][1] and times[0][0] < times[1][1]
+
+
+def test_dependent_starts_the_moment_its_last_dependency_finishes():
+    body, times = recorder({0: 0.1, 1: 0.3})
+    outcomes = Scheduler({0: [], 1: [], 2: [0, 1]}, body).run(timeout=5)
+    assert times[2][0] >= times[1][1]
+    hop = outcomes[2].started_at - outcomes[1].finished_at
+    assert 0 <= hop < 0.1  # event driven: no 0.5 s polling tick
+
+
+def test_failure_skips_dependents_transitively_with_a_reason():
+    body, _ = recorder({}, fail={0})
+    events = []
+    outcomes = Scheduler({0: [], 1: [0], 2: [1], 3: []}, body,
+                         on_event=lambda n, p: events.append((n, p["id"]))).run(timeout=5)
+    assert outcomes[0].state == FAILED and outcomes[0].result == {"error": "broke"}
+    assert outcomes[1].state == SKIPPED and "task 0" in outcomes[1].error
+    assert outcomes[2].state == SKIPPED
+    assert outcomes[3].state == DONE
+    assert ("task_failed", 0) in events and ("task_skipped", 1) in events and ("task_skipped", 2) in events
+
+
+def test_a_crashing_body_fails_only_its_task():
+    def body(tid):
+        if tid == 0:
+            raise ZeroDivisionError("boom")
+        return tid
+
+    outcomes = Scheduler({0: [], 1: []}, body).run(timeout=5)
+    assert outcomes[0].state == FAILED and "ZeroDivisionError" in outcomes[0].error
+    assert outcomes[1].state == DONE
+
+
+def test_deadline_reports_what_finished():
+    body, _ = recorder({0: 0.0, 1: 2.0})
+    t0 = time.perf_counter()
+    outcomes = Scheduler({0: [], 1: [], 2: [1]}, body).run(timeout=0.3)
+    assert time.perf_counter() - t0 < 1.0
+    assert outcomes[0].state == DONE
+    assert outcomes[1].state == TIMEOUT and outcomes[2].state == TIMEOUT
+
+
+def test_failed_upfront_tasks_never_run():
+    ran = []
+    outcomes = Scheduler({0: [], 1: [0]}, lambda t: ran.append(t), failed_upfront={0: "bad plan"}).run(timeout=5)
+    assert ran == [] and outcomes[0].error == "bad plan" and outcomes[1].state == SKIPPED
+
+
+def test_cancel_stops_waiting():
+    body, _ = recorder({0: 2.0})
+    sched = Scheduler({0: [], 1: [0]}, body)
+    threading.Timer(0.1, sched.cancel).start()
+    t0 = time.perf_counter()
+    outcomes = sched.run(timeout=10)
+    assert time.perf_counter() - t0 < 1.0
+    assert outcomes[0].state == "cancelled" and outcomes[1].state == "cancelled"
+
+
+def test_empty_graph_returns_at_once():
+    assert Scheduler({}, lambda t: t).run(timeout=1) == {}
