@@ -1,0 +1,83 @@
+"""Flask app of the local models server (JARVIS protocol plus `GET /models`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from ..errors import BadRequest, ResourceError
+from .handlers import Inputs, handle
+from .pool import ModelPool, ModelUnavailable
+from .registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+def _error(message: str, status: int) -> Response:
+    resp = jsonify({"error": {"message": message}})
+    resp.status_code = status
+    return resp
+
+
+def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024) -> Flask:
+    registry: Registry = pool.registry
+    app = Flask(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        return _error(exc.description or exc.name, exc.code or 500)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        log.exception("models server error")
+        return _error(f"internal error ({exc.__class__.__name__})", 500)
+
+    @app.get("/running")
+    def running() -> Response:
+        return jsonify({"running": True})
+
+    @app.get("/status/<path:model_id>")
+    def status(model_id: str) -> Response:
+        spec = registry.get(model_id)
+        servable = spec is not None and registry.servable(spec)
+        return jsonify({"loaded": servable, "in_memory": model_id in pool.loaded()})
+
+    @app.get("/models")
+    def models() -> Response:
+        loaded = pool.loaded()
+        rows = []
+        for spec in registry.specs.values():
+            entry = loaded.get(spec.id)
+            rows.append({"id": spec.id, "task": spec.task, "servable": registry.servable(spec),
+                         "loaded": entry is not None, "device": pool.device,
+                         "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
+        return jsonify({"deployment": registry.deployment, "models": rows})
+
+    @app.post("/models/<path:model_id>")
+    def infer(model_id: str) -> Response:
+        spec = registry.get(model_id)
+        if spec is None:
+            return _error(f"unknown model {model_id!r} at deployment level {registry.deployment!r}; see GET /models", 404)
+        body = request.get_json(silent=True, force=True)
+        if not isinstance(body, dict):
+            return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
+        if not registry.servable(spec):
+            return _error(f"weights for {model_id} are not in {registry.models_dir / model_id}", 404)
+        inputs = Inputs(body=body, public_dir=public_dir)
+        try:
+            with pool.use(spec) as loaded:
+                result = handle(spec.task, loaded, inputs)
+        except (BadRequest, ResourceError) as exc:
+            return _error(str(exc), 400)
+        except ModelUnavailable as exc:
+            return _error(str(exc), 404)
+        except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
+            log.exception("inference with %s failed", model_id)
+            return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
+        return jsonify(result)
+
+    return app

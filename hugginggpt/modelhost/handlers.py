@@ -1,0 +1,322 @@
+"""One handler per task family: decode the JARVIS body, run the loaded model, return plain JSON.
+
+Files a handler makes are written under public/images|audios|videos/ and returned as {"path": ...}.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadRequest, ResourceError
+from ..resources import new_output_path, resolve
+from .pool import Loaded
+
+
+@dataclass(frozen=True)
+class Inputs:
+    body: dict[str, Any]
+    public_dir: Path
+    max_bytes: int = 20 * 1024 * 1024
+    timeout: float = 15.0
+
+    def text(self, field: str = "text") -> str:
+        value = self.body.get(field)
+        if field == "text" and value is None:
+            value = self.body.get("text1")
+        if not isinstance(value, str) or not value.strip():
+            raise BadRequest(f"`{field}` is required and must be a non-empty string")
+        return value
+
+    def image(self):
+        from PIL import Image, UnidentifiedImageError
+
+        ref = self.body.get("img_url")
+        if not isinstance(ref, str) or not ref:
+            raise BadRequest("`img_url` is required: a public/ path, an http(s) URL or a data URI")
+        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout)
+        try:
+            return Image.open(io.BytesIO(res.data)).convert("RGB")
+        except (UnidentifiedImageError, OSError):
+            raise BadRequest("`img_url` is not a readable image") from None
+
+    def audio(self, rate: int = 16000) -> np.ndarray:
+        import soundfile as sf
+
+        ref = self.body.get("audio_url")
+        if not isinstance(ref, str) or not ref:
+            raise BadRequest("`audio_url` is required: a public/ path, an http(s) URL or a data URI")
+        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout)
+        try:
+            data, sr = sf.read(io.BytesIO(res.data), dtype="float32", always_2d=True)
+        except Exception:  # noqa: BLE001 - libsndfile raises its own types
+            raise BadRequest("`audio_url` is not a readable audio file (wav, flac, ogg)") from None
+        mono = data.mean(axis=1)
+        if sr != rate and len(mono):
+            n = int(round(len(mono) * rate / sr))
+            mono = np.interp(np.linspace(0, len(mono) - 1, n), np.arange(len(mono)), mono).astype("float32")
+        return mono
+
+    def save_image(self, image) -> dict[str, str]:
+        path, public = new_output_path(self.public_dir, "image", "png")
+        image.save(path, format="PNG")
+        return {"path": public}
+
+    def save_audio(self, samples: np.ndarray, rate: int) -> dict[str, str]:
+        import soundfile as sf
+
+        path, public = new_output_path(self.public_dir, "audio", "wav")
+        sf.write(path, np.asarray(samples, dtype="float32").reshape(-1), int(rate), format="WAV")
+        return {"path": public}
+
+
+def plain(value: Any) -> Any:
+    """Pipeline output -> JSON: no tensors, no numpy scalars, no PIL images."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items() if not hasattr(v, "save")}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return value.tolist()
+    return value
+
+
+Handler = Callable[[Loaded, Inputs], Any]
+
+
+# -- text ---------------------------------------------------------------------------------------
+
+
+def text_pipeline(m: Loaded, i: Inputs) -> Any:
+    return plain(m.obj(i.text()))
+
+
+def token_classification(m: Loaded, i: Inputs) -> Any:
+    return plain(m.obj(i.text(), aggregation_strategy="simple"))
+
+
+def text_generation(m: Loaded, i: Inputs) -> Any:
+    out = m.obj(i.text(), max_new_tokens=int(i.body.get("max_new_tokens", 40)), do_sample=False)
+    return {"generated text": plain(out)[0]["generated_text"]}
+
+
+def seq2seq(m: Loaded, i: Inputs) -> Any:
+    import torch
+
+    tokenizer, model = m.obj
+    batch = tokenizer(i.text(), return_tensors="pt", truncation=True).to(model.device)
+    batch.pop("token_type_ids", None)  # BERT-style tokenizers add them; encoder-decoders do not take them
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=int(i.body.get("max_new_tokens", 128)))
+    return {"generated text": tokenizer.decode(out[0], skip_special_tokens=True)}
+
+
+def question_answering(m: Loaded, i: Inputs) -> Any:
+    import torch
+
+    tokenizer, model = m.obj
+    question = i.text()
+    context = i.body.get("context")
+    if not isinstance(context, str) or not context:
+        raise BadRequest("`context` is required for question-answering: the passage to answer from")
+    enc = tokenizer(question, context, return_tensors="pt", truncation=True, return_offsets_mapping=True)
+    offsets = enc.pop("offset_mapping")[0]
+    seq_ids = enc.sequence_ids(0)
+    with torch.inference_mode():
+        out = model(**enc.to(model.device))
+    start_logits, end_logits = out.start_logits[0].cpu(), out.end_logits[0].cpu()
+    ctx = [k for k, s in enumerate(seq_ids) if s == 1]
+    best = (float("-inf"), ctx[0], ctx[0])
+    for s in ctx:
+        for e in ctx:
+            if s <= e < s + 30 and start_logits[s] + end_logits[e] > best[0]:
+                best = (float(start_logits[s] + end_logits[e]), s, e)
+    _, s, e = best
+    start, end = int(offsets[s][0]), int(offsets[e][1])
+    prob = torch.softmax(start_logits[ctx], 0)[ctx.index(s)] * torch.softmax(end_logits[ctx], 0)[ctx.index(e)]
+    return {"answer": context[start:end], "score": float(prob), "start": start, "end": end}
+
+
+def sentence_similarity(m: Loaded, i: Inputs) -> Any:
+    a, b = i.text(), i.text("text2")
+    if hasattr(m.obj, "encode"):
+        emb = m.obj.encode([a, b], normalize_embeddings=True)
+        return {"score": float(np.dot(emb[0], emb[1]))}
+    feats = [np.asarray(m.obj(t)[0]).mean(axis=0) for t in (a, b)]
+    return {"score": float(np.dot(feats[0], feats[1]) / (np.linalg.norm(feats[0]) * np.linalg.norm(feats[1])))}
+
+
+# -- vision -------------------------------------------------------------------------------------
+
+
+def image_pipeline(m: Loaded, i: Inputs) -> Any:
+    return plain(m.obj(i.image()))
+
+
+def image_segmentation(m: Loaded, i: Inputs) -> Any:
+    from PIL import Image
+
+    image = i.image()
+    segments = m.obj(image)
+    overlay = image.copy()
+    predicted = []
+    for n, seg in enumerate(segments):
+        color = ((n * 97 + 30) % 256, (n * 57 + 80) % 256, (n * 151 + 40) % 256)
+        mask = seg["mask"].convert("L").resize(image.size)
+        overlay = Image.composite(Image.blend(overlay, Image.new("RGB", image.size, color), 0.5), overlay, mask)
+        predicted.append({"label": seg.get("label"), "score": plain(seg.get("score"))})
+    return {**i.save_image(overlay), "predicted": predicted}
+
+
+def depth_estimation(m: Loaded, i: Inputs) -> Any:
+    out = m.obj(i.image())
+    return i.save_image(out["depth"].convert("L"))
+
+
+def image_to_text(m: Loaded, i: Inputs) -> Any:
+    import torch
+
+    processor, tokenizer, model = m.obj
+    image = i.image()
+    pixel = processor(images=image, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**{k: v.to(model.device) for k, v in pixel.items()}, max_new_tokens=30)
+    return {"generated text": tokenizer.batch_decode(out, skip_special_tokens=True)[0].strip()}
+
+
+def visual_qa(m: Loaded, i: Inputs) -> Any:
+    import torch
+
+    processor, model = m.obj
+    enc = processor(i.image(), i.text(), return_tensors="pt").to(model.device)
+    with torch.inference_mode():
+        logits = model(**enc).logits[0]
+    probs = torch.softmax(logits, -1)
+    top = torch.topk(probs, k=min(5, probs.numel()))
+    return [{"answer": model.config.id2label[int(k)], "score": float(v)} for v, k in zip(top.values, top.indices)]
+
+
+def document_qa(m: Loaded, i: Inputs) -> Any:
+    return plain(m.obj(i.image(), i.text()))
+
+
+def image_to_image(m: Loaded, i: Inputs) -> Any:
+    prompt = i.body.get("text") or "improve the image"
+    out = m.obj(prompt, image=i.image(), num_inference_steps=int(i.body.get("steps", 20)))
+    return i.save_image(out.images[0])
+
+
+# -- generation ---------------------------------------------------------------------------------
+
+
+def text_to_image(m: Loaded, i: Inputs) -> Any:
+    out = m.obj(i.text(), num_inference_steps=int(i.body.get("steps", 25)))
+    return i.save_image(out.images[0])
+
+
+def text_to_video(m: Loaded, i: Inputs) -> Any:
+    from diffusers.utils import export_to_video
+
+    frames = m.obj(i.text(), num_inference_steps=int(i.body.get("steps", 25))).frames[0]
+    path, public = new_output_path(i.public_dir, "video", "mp4")
+    export_to_video(frames, str(path))
+    return {"path": public}
+
+
+def canny_control(m: Loaded, i: Inputs) -> Any:
+    """Edge map for ControlNet, computed with NumPy (Sobel magnitude with two thresholds)."""
+    from PIL import Image
+
+    gray = np.asarray(i.image().convert("L"), dtype="float32")
+    gx = np.zeros_like(gray)
+    gy = np.zeros_like(gray)
+    gx[1:-1, 1:-1] = (gray[:-2, 2:] + 2 * gray[1:-1, 2:] + gray[2:, 2:]) - (gray[:-2, :-2] + 2 * gray[1:-1, :-2] + gray[2:, :-2])
+    gy[1:-1, 1:-1] = (gray[2:, :-2] + 2 * gray[2:, 1:-1] + gray[2:, 2:]) - (gray[:-2, :-2] + 2 * gray[:-2, 1:-1] + gray[:-2, 2:])
+    mag = np.hypot(gx, gy)
+    low, high = float(i.body.get("low_threshold", 100)), float(i.body.get("high_threshold", 200))
+    edges = np.where(mag >= high, 255, np.where(mag >= low, 128, 0)).astype("uint8")
+    return i.save_image(Image.fromarray(edges).convert("RGB"))
+
+
+def controlnet_generation(m: Loaded, i: Inputs) -> Any:
+    out = m.obj(i.text(), image=i.image(), num_inference_steps=int(i.body.get("steps", 20)))
+    return i.save_image(out.images[0])
+
+
+# -- audio --------------------------------------------------------------------------------------
+
+
+def _rate_of(pipe: Any, default: int = 16000) -> int:
+    fe = getattr(pipe, "feature_extractor", None)
+    return int(getattr(fe, "sampling_rate", default) or default)
+
+
+def speech_recognition(m: Loaded, i: Inputs) -> Any:
+    rate = _rate_of(m.obj)
+    out = m.obj({"raw": i.audio(rate), "sampling_rate": rate})
+    return {"text": out["text"].strip()}
+
+
+def audio_classification(m: Loaded, i: Inputs) -> Any:
+    rate = _rate_of(m.obj)
+    return plain(m.obj({"raw": i.audio(rate), "sampling_rate": rate}))
+
+
+def text_to_speech(m: Loaded, i: Inputs) -> Any:
+    out = m.obj(i.text())
+    return i.save_audio(out["audio"], out["sampling_rate"])
+
+
+def audio_to_audio(m: Loaded, i: Inputs) -> Any:
+    rate = _rate_of(m.obj)
+    out = m.obj({"raw": i.audio(rate), "sampling_rate": rate})
+    first = out[0] if isinstance(out, list) else out
+    return i.save_audio(first.get("audio", first.get("blob")), first.get("sampling_rate", rate))
+
+
+HANDLERS: dict[str, Handler] = {
+    "text-classification": text_pipeline,
+    "token-classification": token_classification,
+    "question-answering": question_answering,
+    "summarization": seq2seq,
+    "translation": seq2seq,
+    "text2text-generation": seq2seq,
+    "text-generation": text_generation,
+    "conversational": text_generation,
+    "sentence-similarity": sentence_similarity,
+    "image-classification": image_pipeline,
+    "object-detection": image_pipeline,
+    "image-segmentation": image_segmentation,
+    "depth-estimation": depth_estimation,
+    "image-to-text": image_to_text,
+    "visual-question-answering": visual_qa,
+    "document-question-answering": document_qa,
+    "image-to-image": image_to_image,
+    "text-to-image": text_to_image,
+    "text-to-video": text_to_video,
+    "canny-control": canny_control,
+    **{f"{c}-text-to-image": controlnet_generation for c in ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")},
+    "automatic-speech-recognition": speech_recognition,
+    "audio-classification": audio_classification,
+    "text-to-speech": text_to_speech,
+    "audio-to-audio": audio_to_audio,
+}
+
+
+def handle(task: str, loaded: Loaded, inputs: Inputs) -> Any:
+    handler = HANDLERS.get(task)
+    if handler is None:
+        raise BadRequest(f"no handler for task {task}")
+    return handler(loaded, inputs)
+
+
+__all__ = ["HANDLERS", "Inputs", "handle", "plain", "ResourceError"]

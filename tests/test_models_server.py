@@ -1,0 +1,245 @@
+"""The local models server on tiny real models, over HTTP: every family, errors, locking, eviction."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import soundfile as sf
+from PIL import Image
+
+from tests.conftest import ROOT, free_port, make_public
+from tests.tiny_models import build_all
+
+
+def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
+                        budget_gb: float | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {models_dir}",
+             f"local_deployment: {deployment}", "device: cpu", "openai: {api_key: unused}",
+             f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}"]
+    if budget_gb is not None:
+        lines.append(f"memory_budget_gb: {budget_gb}")
+    config = folder / f"models-{port}.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    log = (folder / f"models-{port}.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if requests.get(url + "/running", timeout=1).ok:
+                return proc, url
+        except requests.RequestException:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError((folder / f"models-{port}.log").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models-srv")
+    models_dir = folder / "models"
+    build_all(models_dir)
+    public = make_public(folder / "public")
+    proc, url = start_models_server(folder, models_dir, public)
+    yield url, public, models_dir, folder
+    proc.terminate()
+    proc.wait(10)
+
+
+def post(url: str, model: str, body: dict, timeout: float = 120) -> requests.Response:
+    return requests.post(f"{url}/models/{model}", json=body, timeout=timeout)
+
+
+def test_routes_and_status(tiny):
+    url, *_ = tiny
+    assert requests.get(url + "/running", timeout=5).json() == {"running": True}
+    assert requests.get(url + "/status/dslim/bert-base-NER", timeout=5).json()["loaded"] is True
+    assert requests.get(url + "/status/facebook/bart-large-cnn", timeout=5).json()["loaded"] is False  # no weights
+    assert requests.get(url + "/status/nobody/nothing", timeout=5).json()["loaded"] is False
+    rows = {r["id"]: r for r in requests.get(url + "/models", timeout=5).json()["models"]}
+    assert rows["dslim/bert-base-NER"]["task"] == "token-classification"
+    assert rows["dslim/bert-base-NER"]["device"] == "cpu"
+    assert "stable-diffusion-v1-5/stable-diffusion-v1-5" not in rows  # full-level model at standard
+
+
+def test_text_classification(tiny):
+    out = post(tiny[0], "distilbert/distilbert-base-uncased-finetuned-sst-2-english", {"text": "a great movie"}).json()
+    assert out[0]["label"] in ("POSITIVE", "NEGATIVE") and 0 <= out[0]["score"] <= 1
+
+
+def test_token_classification(tiny):
+    out = post(tiny[0], "dslim/bert-base-NER", {"text": "anna lives in berlin"})
+    assert out.status_code == 200, out.text
+    for ent in out.json():
+        assert set(ent) >= {"entity_group", "score", "word", "start", "end"} and isinstance(ent["score"], float)
+
+
+def test_question_answering_span_lies_in_the_context(tiny):
+    context = "the cat sits on the mat in berlin"
+    out = post(tiny[0], "deepset/roberta-base-squad2", {"text": "where is the cat ?", "context": context}).json()
+    assert context[out["start"]:out["end"]] == out["answer"] and out["answer"]
+
+
+def test_text_generation_and_summarization(tiny):
+    gen = post(tiny[0], "openai-community/gpt2", {"text": "the cat", "max_new_tokens": 5}).json()
+    assert gen["generated text"].startswith("the cat")
+    summ = post(tiny[0], "sshleifer/distilbart-cnn-12-6", {"text": "the cat sits on the mat . the dog is red"}).json()
+    assert isinstance(summ["generated text"], str)
+
+
+def test_sentence_similarity_on_real_minilm(tiny):
+    url = tiny[0]
+    same = post(url, "sentence-transformers/all-MiniLM-L6-v2",
+                {"text": "A man is playing a guitar.", "text2": "Someone plays the guitar."}).json()["score"]
+    other = post(url, "sentence-transformers/all-MiniLM-L6-v2",
+                 {"text": "A man is playing a guitar.", "text2": "The stock market fell sharply today."}).json()["score"]
+    assert same > 0.6 and other < 0.3 and same > other
+
+
+def test_image_classification_from_path_and_data_uri(tiny):
+    url, public, *_ = tiny
+    a = post(url, "google/vit-base-patch16-224", {"img_url": "/examples/red.png"}).json()
+    assert {x["label"] for x in a} <= {"tabby cat", "golden retriever", "rocket"}
+    data = base64.b64encode((public / "examples" / "red.png").read_bytes()).decode()
+    b = post(url, "google/vit-base-patch16-224", {"img_url": f"data:image/png;base64,{data}"}).json()
+    assert a == b
+
+
+def test_canny_control_writes_an_edge_image(tiny):
+    url, public, *_ = tiny
+    img = Image.new("RGB", (64, 64), "black")
+    img.paste((255, 255, 255), (16, 16, 48, 48))
+    img.save(public / "examples" / "square.png")
+    out = post(url, "canny-control", {"img_url": "/examples/square.png"}).json()
+    assert out["path"].startswith("/images/")
+    edges = np.asarray(Image.open(public / out["path"].lstrip("/")).convert("L"))
+    assert edges.shape == (64, 64) and edges[16, 32] > 0 and edges[32, 32] == 0 and edges[2, 2] == 0
+
+
+def test_speech_recognition(tiny):
+    url, public, *_ = tiny
+    tone = (0.1 * np.sin(np.linspace(0, 200 * np.pi, 24000))).astype("float32")
+    sf.write(public / "examples" / "tone.wav", tone, 24000)  # resampled to 16 kHz by the server
+    out = post(url, "facebook/wav2vec2-base-960h", {"audio_url": "/examples/tone.wav"})
+    assert out.status_code == 200, out.text
+    assert isinstance(out.json()["text"], str)
+
+
+@pytest.mark.parametrize("model, body, status, words", [
+    ("nobody/nothing", {"text": "x"}, 404, "unknown model"),
+    ("facebook/bart-large-cnn", {"text": "x"}, 404, "weights for facebook/bart-large-cnn"),
+    ("dslim/bert-base-NER", {}, 400, "`text` is required"),
+    ("dslim/bert-base-NER", {"text": 5}, 400, "`text` is required"),
+    ("google/vit-base-patch16-224", {"text": "x"}, 400, "`img_url` is required"),
+    ("google/vit-base-patch16-224", {"img_url": "/examples/hello.wav"}, 400, "not a readable image"),
+    ("google/vit-base-patch16-224", {"img_url": "../../etc/passwd"}, 400, "outside public/"),
+    ("facebook/wav2vec2-base-960h", {"audio_url": "/examples/red.png"}, 400, "not a readable audio"),
+    ("deepset/roberta-base-squad2", {"text": "who?"}, 400, "`context` is required"),
+])
+def test_bad_requests_get_json_errors(tiny, model, body, status, words):
+    resp = post(tiny[0], model, body)
+    assert resp.status_code == status and words in resp.json()["error"]["message"]
+
+
+def test_not_json_body(tiny):
+    resp = requests.post(tiny[0] + "/models/dslim/bert-base-NER", data="{oops", timeout=10)
+    assert resp.status_code == 400 and "JSON object" in resp.json()["error"]["message"]
+
+
+def test_one_model_serialises_two_models_overlap(tmp_path):
+    """Two users of one model take turns on its lock; two models are used side by side."""
+    from hugginggpt.modelhost.pool import ModelPool
+    from hugginggpt.modelhost.registry import Registry
+
+    models_dir = tmp_path / "models"
+    build_all(models_dir)
+    registry = Registry("standard", models_dir)
+    pool = ModelPool(registry, "cpu")
+    ner, cls = registry.get("dslim/bert-base-NER"), registry.get("google/vit-base-patch16-224")
+    spans: dict[str, list] = {"same": [], "diff": []}
+
+    def hold(spec, key):
+        with pool.use(spec):
+            s = time.perf_counter()
+            time.sleep(0.3)
+            spans[key].append((s, time.perf_counter()))
+
+    for spec in (ner, cls):  # load first, so only the holding is timed
+        with pool.use(spec):
+            pass
+    threads = [threading.Thread(target=hold, args=(ner, "same")) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (a0, a1), (b0, b1) = sorted(spans["same"])
+    assert b0 >= a1  # serialised
+    threads = [threading.Thread(target=hold, args=(spec, "diff")) for spec in (ner, cls)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (a0, a1), (b0, b1) = sorted(spans["diff"])
+    assert b0 < a1  # overlapped
+
+
+def test_eviction_under_a_tiny_budget(tmp_path):
+    models_dir = tmp_path / "models"
+    build_all(models_dir)
+    public = make_public(tmp_path / "public")
+    proc, url = start_models_server(tmp_path, models_dir, public, budget_gb=0.0001)  # ~100 kB: one tiny model
+    try:
+        post(url, "dslim/bert-base-NER", {"text": "anna"})
+        post(url, "distilbert/distilbert-base-uncased-finetuned-sst-2-english", {"text": "good"})
+        loaded = {r["id"] for r in requests.get(url + "/models", timeout=5).json()["models"] if r["loaded"]}
+        assert loaded == {"distilbert/distilbert-base-uncased-finetuned-sst-2-english"}
+        # the evicted model reloads on demand
+        assert post(url, "dslim/bert-base-NER", {"text": "anna"}).status_code == 200
+        loaded = {r["id"] for r in requests.get(url + "/models", timeout=5).json()["models"] if r["loaded"]}
+        assert loaded == {"dslim/bert-base-NER"}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_outputs_survive_a_model_crash(tiny):
+    """An inference exception is a 500 JSON error and the server keeps serving."""
+    url = tiny[0]
+    resp = post(url, "openai-community/gpt2", {"text": "the cat", "max_new_tokens": 100000})
+    assert resp.status_code in (200, 500)
+    if resp.status_code == 500:
+        assert "failed" in resp.json()["error"]["message"]
+    assert requests.get(url + "/running", timeout=5).ok
+
+
+def test_orchestrator_runs_a_two_step_plan_on_tiny_models(tiny, tmp_path, llm):
+    """End to end: the scripted LLM plans classify-then-NER; the real models server runs both."""
+    import json
+
+    from tests.conftest import start_server, stop_server, write_config
+
+    url, public, *_ = tiny
+    config = write_config(tmp_path, llm.base_url, url, public, local_deployment="standard")
+    llm.on("parse_task", json.dumps([
+        {"task": "image-classification", "id": 0, "dep": [-1], "args": {"image": "/examples/red.png"}},
+        {"task": "token-classification", "id": 1, "dep": [0], "args": {"text": "<GENERATED>-0"}},
+    ]))
+    srv = start_server(config, tmp_path)
+    try:
+        results = srv.post("/results", {"messages": [{"role": "user", "content": "classify then tag"}]},
+                           timeout=120).json()
+        labels = {x["label"] for x in results["0"]["inference result"]["predicted"]}
+        assert labels <= {"tabby cat", "golden retriever", "rocket"}
+        assert results["0"]["choose model result"]["id"] == "google/vit-base-patch16-224"
+        assert results["1"]["choose model result"]["id"] == "dslim/bert-base-NER"
+        assert "error" not in results["1"]["inference result"], results["1"]
+        # the NER task received the classification output as text
+        assert "tabby cat" in results["1"]["task"]["args"]["text"] or "rocket" in results["1"]["task"]["args"]["text"] \
+            or "golden" in results["1"]["task"]["args"]["text"]
+    finally:
+        stop_server(srv)

@@ -1,0 +1,142 @@
+"""Tiny random-weight models saved under real registry ids, so the real loading code runs offline.
+
+Each builder writes `<models_dir>/<org>/<name>` with `save_pretrained`, like a downloaded snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog", "is", "on", "table", "anna",
+         "lives", "in", "berlin", "paris", "red", "fox", "what", "where", "who", "sits", "mat", "hello", "world",
+         "good", "bad", "movie", "great", ".", ",", "?", "!"] + [f"w{i}" for i in range(60)]
+
+
+def bert_tokenizer(folder: Path):
+    from transformers import BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(WORDS) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tok.save_pretrained(folder)
+    return tok
+
+
+def bert_config(**extra):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=37, max_position_embeddings=128, **extra)
+
+
+def text_classifier(folder: Path) -> None:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    bert_tokenizer(folder)
+    BertForSequenceClassification(bert_config(num_labels=2, id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                                              label2id={"NEGATIVE": 0, "POSITIVE": 1})).save_pretrained(folder)
+
+
+def token_classifier(folder: Path) -> None:
+    import torch
+    from transformers import BertForTokenClassification
+
+    torch.manual_seed(0)
+    bert_tokenizer(folder)
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    BertForTokenClassification(bert_config(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                                           label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def extractive_qa(folder: Path) -> None:
+    import torch
+    from transformers import BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    bert_tokenizer(folder)
+    BertForQuestionAnswering(bert_config()).save_pretrained(folder)
+
+
+def causal_lm(folder: Path) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    tok = bert_tokenizer(folder)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(WORDS), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                               bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                               pad_token_id=tok.pad_token_id)).save_pretrained(folder)
+
+
+def seq2seq_lm(folder: Path) -> None:
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    tok = bert_tokenizer(folder)
+    config = BartConfig(vocab_size=len(WORDS), d_model=32, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
+                        max_position_embeddings=128, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+                        eos_token_id=tok.sep_token_id, decoder_start_token_id=tok.cls_token_id,
+                        forced_eos_token_id=tok.sep_token_id)
+    model = BartForConditionalGeneration(config)
+    model.generation_config.max_length = 20
+    model.save_pretrained(folder)
+
+
+def image_classifier(folder: Path) -> None:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    labels = ["tabby cat", "golden retriever", "rocket"]
+    ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=37, num_labels=3,
+                                        id2label=dict(enumerate(labels)),
+                                        label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def speech_recognizer(folder: Path) -> None:
+    import torch
+    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC, Wav2Vec2Processor
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    letters = ["<pad>", "<s>", "</s>", "<unk>", "|"] + list("abcdefghijklmnopqrstuvwxyz'")
+    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(letters)}))
+    tok = Wav2Vec2CTCTokenizer(str(folder / "vocab.json"), word_delimiter_token="|")
+    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=True,
+                                  return_attention_mask=False)
+    Wav2Vec2Processor(feature_extractor=fe, tokenizer=tok).save_pretrained(folder)
+    config = Wav2Vec2Config(vocab_size=len(letters), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=37, conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 8),
+                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, pad_token_id=0,
+                            do_stable_layer_norm=True, feat_extract_norm="layer")
+    Wav2Vec2ForCTC(config).save_pretrained(folder)
+
+
+BUILDERS = {
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": text_classifier,
+    "dslim/bert-base-NER": token_classifier,
+    "deepset/roberta-base-squad2": extractive_qa,
+    "openai-community/gpt2": causal_lm,
+    "sshleifer/distilbart-cnn-12-6": seq2seq_lm,
+    "google/vit-base-patch16-224": image_classifier,
+    "facebook/wav2vec2-base-960h": speech_recognizer,
+}
+
+
+def build_all(models_dir: Path) -> dict[str, Path]:
+    out = {}
+    for mid, builder in BUILDERS.items():
+        target = models_dir / mid
+        if not (target / "config.json").is_file():
+            builder(target)
+        out[mid] = target
+    return out
