@@ -134,6 +134,19 @@ def test_speech_recognition(tiny):
     assert isinstance(out.json()["text"], str)
 
 
+def test_text_to_speech_writes_a_wav(tiny):
+    url, public, *_ = tiny
+    out = post(url, "facebook/mms-tts-eng", {"text": "hello world"}).json()
+    assert out["path"].startswith("/audios/") and out["path"].endswith(".wav")
+    data, rate = sf.read(public / out["path"].lstrip("/"))
+    assert rate == 16000 and len(data) > 100
+
+
+def test_object_results_are_plain_json(tiny):
+    out = post(tiny[0], "google/vit-base-patch16-224", {"img_url": "/examples/green.jpg"}).json()
+    assert all(type(x["score"]) is float for x in out)
+
+
 @pytest.mark.parametrize("model, body, status, words", [
     ("nobody/nothing", {"text": "x"}, 404, "unknown model"),
     ("facebook/bart-large-cnn", {"text": "x"}, 404, "weights for facebook/bart-large-cnn"),

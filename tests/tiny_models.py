@@ -121,7 +121,26 @@ def speech_recognizer(folder: Path) -> None:
     Wav2Vec2ForCTC(config).save_pretrained(folder)
 
 
+def tts_vits(folder: Path) -> None:
+    import torch
+    from transformers import VitsConfig, VitsModel, VitsTokenizer
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = list(" abcdefghijklmnopqrstuvwxyz'.,?!-")
+    (folder / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(chars)}))
+    VitsTokenizer(str(folder / "vocab.json"), add_blank=True, normalize=True, phonemize=False).save_pretrained(folder)
+    config = VitsConfig(vocab_size=len(chars), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, ffn_dim=16,
+                        flow_size=16, spectrogram_bins=17, upsample_initial_channel=16, upsample_rates=[4, 4],
+                        upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3], resblock_dilation_sizes=[[1, 3]],
+                        prior_encoder_num_flows=1, prior_encoder_num_wavenet_layers=1,
+                        posterior_encoder_num_wavenet_layers=1, duration_predictor_num_flows=1,
+                        duration_predictor_filter_channels=16, depth_separable_num_layers=1, sampling_rate=16000)
+    VitsModel(config).save_pretrained(folder)
+
+
 BUILDERS = {
+    "facebook/mms-tts-eng": tts_vits,
     "distilbert/distilbert-base-uncased-finetuned-sst-2-english": text_classifier,
     "dslim/bert-base-NER": token_classifier,
     "deepset/roberta-base-squad2": extractive_qa,

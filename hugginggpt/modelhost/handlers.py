@@ -202,7 +202,7 @@ def visual_qa(m: Loaded, i: Inputs) -> Any:
         logits = model(**enc).logits[0]
     probs = torch.softmax(logits, -1)
     top = torch.topk(probs, k=min(5, probs.numel()))
-    return [{"answer": model.config.id2label[int(k)], "score": float(v)} for v, k in zip(top.values, top.indices)]
+    return [{"answer": model.config.id2label[int(k)], "score": float(v)} for v, k in zip(top.values, top.indices, strict=True)]
 
 
 def document_qa(m: Loaded, i: Inputs) -> Any:
