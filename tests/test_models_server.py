@@ -201,6 +201,27 @@ def test_one_model_serialises_two_models_overlap(tmp_path):
     assert b0 < a1  # overlapped
 
 
+def test_full_level_text_to_image_on_a_tiny_stable_diffusion(tmp_path):
+    from tests.tiny_models import tiny_stable_diffusion
+
+    models_dir = tmp_path / "models"
+    tiny_stable_diffusion(models_dir / "stable-diffusion-v1-5/stable-diffusion-v1-5")
+    public = make_public(tmp_path / "public")
+    proc, url = start_models_server(tmp_path, models_dir, public, deployment="full")
+    try:
+        assert requests.get(url + "/status/stable-diffusion-v1-5/stable-diffusion-v1-5", timeout=5).json()["loaded"]
+        out = post(url, "stable-diffusion-v1-5/stable-diffusion-v1-5", {"text": "a red fox", "steps": 2})
+        assert out.status_code == 200, out.text
+        with Image.open(public / out.json()["path"].lstrip("/")) as img:
+            assert img.size == (16, 16) and img.mode == "RGB"
+        # ControlNet generation needs its own weights: reported, not crashed
+        missing = post(url, "lllyasviel/sd-controlnet-canny", {"text": "x", "img_url": "/examples/red.png"})
+        assert missing.status_code == 404 and "weights" in missing.json()["error"]["message"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_eviction_under_a_tiny_budget(tmp_path):
     models_dir = tmp_path / "models"
     build_all(models_dir)

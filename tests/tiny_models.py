@@ -159,3 +159,39 @@ def build_all(models_dir: Path) -> dict[str, Path]:
             builder(target)
         out[mid] = target
     return out
+
+
+def tiny_stable_diffusion(folder: Path) -> None:
+    """A Stable Diffusion pipeline of a few thousand random weights: real diffusers loading and sampling."""
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
+    for c in "abcdefghijklmnopqrstuvwxyz":
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token="!", model_max_length=77)
+    unet = UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+                                out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+                                attention_head_dim=2, norm_num_groups=4)
+    vae = AutoencoderKL(block_out_channels=[8, 16], in_channels=3, out_channels=3,
+                        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                        latent_channels=4, norm_num_groups=4, sample_size=16)
+    text_encoder = CLIPTextModel(CLIPTextConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=16,
+                                                num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77,
+                                                projection_dim=16, bos_token_id=0, eos_token_id=1, pad_token_id=2))
+    pipe = StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                                   scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+    pipe.save_pretrained(folder)
+    for name in ("vocab.json", "merges.txt"):
+        (folder / name).unlink()
+
+
+FULL_BUILDERS = {"stable-diffusion-v1-5/stable-diffusion-v1-5": tiny_stable_diffusion}
