@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "server":
         from hugginggpt.server import create_app, serve
 
+        threading.Thread(target=engine.warm, name="warm-ranker", daemon=True).start()
         host, port = args.host or config.http_host, args.port or config.http_port
         print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.redacted()})", file=sys.stderr, flush=True)
         serve(create_app(config, engine), host, port)

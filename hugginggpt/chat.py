@@ -140,6 +140,10 @@ class HuggingGPT:
         self.config = config
         self.prompts = PromptSet.from_config(config)
         self.catalog = Catalog.load(config.catalog_path)
+        if ranker is None and config.semantic_ranking:
+            from .ranking import SemanticRanker
+
+            ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards)
         self.ranker = ranker or KeywordRanker()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
                                        config.task_timeout)
@@ -150,6 +154,15 @@ class HuggingGPT:
             inference_mode=config.inference_mode, num_candidates=config.num_candidate_models,
             max_description_length=config.max_description_length,
         )
+
+    def warm(self) -> None:
+        """Load the ranking model and embed the catalog now, not on the first request."""
+        warm = getattr(self.ranker, "warm", None)
+        if warm is not None:
+            try:
+                warm(self.catalog.cards)
+            except Exception:  # noqa: BLE001 - ranking falls back per request if this fails
+                log.exception("warming the model ranker failed")
 
     def _default_backends(self) -> dict[str, Backend]:
         backends: dict[str, Backend] = {}

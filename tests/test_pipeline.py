@@ -194,7 +194,7 @@ def test_completion_mode(tmp_path, llm, models_server, public_dir):
 
 def test_request_deadline_reports_what_finished(tmp_path, llm, models, models_server, public_dir):
     _, models_url = models_server
-    config = write_config(tmp_path, llm.base_url, models_url, public_dir, request_timeout=1.5)
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, request_timeout=1.5, semantic_ranking=False)
     srv = start_server(config, tmp_path)
     try:
         models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 3.0
