@@ -145,6 +145,9 @@ class HuggingGPT:
 
             ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards)
         self.ranker = ranker or KeywordRanker()
+        self.warmed = threading.Event()
+        self._clients: dict[Any, LLMClient] = {}
+        self._clients_lock = threading.Lock()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
                                        config.task_timeout)
         self.backends: dict[str, Backend] = backends if backends is not None else self._default_backends()
@@ -161,8 +164,15 @@ class HuggingGPT:
         if warm is not None:
             try:
                 warm(self.catalog.cards)
+                self.ranker.load()
             except Exception:  # noqa: BLE001 - ranking falls back per request if this fails
                 log.exception("warming the model ranker failed")
+        self.warmed.set()
+
+    @property
+    def ranking(self) -> str:
+        kind = "semantic" if hasattr(self.ranker, "warm") else "keyword"
+        return kind if self.warmed.is_set() or kind == "keyword" else "warming"
 
     def _default_backends(self) -> dict[str, Backend]:
         backends: dict[str, Backend] = {}
@@ -179,7 +189,13 @@ class HuggingGPT:
     def llm_for(self, request: ChatRequest) -> LLMClient:
         settings = with_overrides(self.config.llm, request.api_key, request.api_type, request.api_endpoint,
                                   request.model)
-        return LLMClient(settings, proxy=self.config.proxy)
+        with self._clients_lock:  # clients are thread-safe and costly to build (TLS setup): reuse them
+            client = self._clients.get(settings)
+            if client is None:
+                if len(self._clients) > 64:
+                    self._clients.clear()
+                client = self._clients[settings] = LLMClient(settings, proxy=self.config.proxy)
+            return client
 
     def run(
         self,
@@ -205,6 +221,9 @@ class HuggingGPT:
             return self.decisions(state, plan)
         self.execute(state, plan)
         results = {tid: state.results[tid] for tid in sorted(state.results)}
+        if state.cancelled.is_set():
+            log.info("[%s] cancelled; no answer written", rid)
+            return {"message": "", "cancelled": True}
         if mode == "results":
             return results
         message = self.respond(state, results)

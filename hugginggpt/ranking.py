@@ -61,6 +61,10 @@ class SemanticRanker:
                 self._model = SentenceTransformer(str(self.model_path), device=self.device)
             return self._model
 
+    def load(self) -> None:
+        """Load the encoder now (queries need it even when card vectors come from the disk cache)."""
+        self._encoder()
+
     def embed(self, texts: list[str]) -> np.ndarray:
         return np.asarray(self._encoder().encode(texts, normalize_embeddings=True, batch_size=64), dtype="float32")
 

@@ -142,7 +142,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         else:
             models = "unused"
         llm = config.llm.redacted()
-        return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models})
+        return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
+                        "model_ranking": engine.ranking})
 
     @app.get("/")
     def index() -> Response:

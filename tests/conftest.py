@@ -143,8 +143,10 @@ def start_server(config: Path, folder: Path, env: dict[str, str] | None = None) 
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()}")
         try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
+            health = requests.get(url + "/health", timeout=1)
+            if health.status_code == 200 and health.json().get("model_ranking") != "warming":
                 return RunningServer(url, proc, log)
+            time.sleep(0.1)
         except requests.RequestException:
             time.sleep(0.1)
     proc.kill()

@@ -1,0 +1,101 @@
+"""Server-sent events: order and content for a three-task DAG, a streamed answer, and disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import requests
+
+
+def events_of(resp: requests.Response) -> list[tuple[str, dict]]:
+    out, name = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: ") and name:
+            out.append((name, json.loads(line[6:])))
+            name = None
+    return out
+
+
+DAG = json.dumps([
+    {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
+    {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+    {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
+])
+
+
+def test_events_for_a_three_task_dag(server, llm, models):
+    llm.on("parse_task", DAG)
+    t0 = time.perf_counter()
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
+                                                           "stream": True}, stream=True, timeout=30)
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+    events = events_of(resp)
+    names = [n for n, _ in events]
+    assert names[0] == "plan" and names[-1] == "done"
+    assert names.index("answer") == len(names) - 2
+    rid = {e["request_id"] for n, e in events if n != "done"}
+    assert len(rid) == 1
+    plan = events[0][1]
+    assert [t["task"] for t in plan["tasks"]] == ["text-to-image", "image-to-text", "token-classification"]
+    by = {(n, e.get("id")): e for n, e in events}
+    for tid in (0, 1, 2):
+        assert ("model_selected", tid) in by and ("task_started", tid) in by and ("task_finished", tid) in by
+        assert names.index("plan") < [i for i, (n, e) in enumerate(events) if n == "task_started" and e["id"] == tid][0]
+    pos = {(n, e.get("id")): i for i, (n, e) in enumerate(events)}
+    assert pos[("task_finished", 0)] < pos[("task_started", 1)]  # dependency order
+    fin1 = by[("task_finished", 1)]
+    assert fin1["result"]["generated text"] == "a picture of 64x48 pixels" and fin1["seconds"] >= 0
+    assert by[("model_selected", 0)]["model"] == "stabilityai/stable-diffusion-xl-base-1.0"
+    assert by[("model_selected", 0)]["hosted_on"] == "local"
+    tokens = "".join(e["text"] for n, e in events if n == "answer_token")
+    answer = by[("answer", None)]["message"]
+    assert tokens.strip() == answer and answer.startswith("ANSWER")  # streamed token by token
+    assert sum(1 for n in names if n == "answer_token") > 5
+    print("\n" + " ".join(f"{n}:{e.get('id', '')}@{e.get('t', 0):.2f}" for n, e in events if n != "answer_token"))
+    print(f"\nfirst plan event after {plan['t'] * 1000:.1f} ms, first task_started after "
+          f"{min(e['t'] for n, e in events if n == 'task_started') * 1000:.1f} ms (request took "
+          f"{(time.perf_counter() - t0) * 1000:.0f} ms)")
+
+
+def test_failed_and_skipped_tasks_stream_as_task_failed(server, llm, models):
+    models.broken.add("stabilityai/stable-diffusion-xl-base-1.0")
+    llm.on("parse_task", DAG)
+    events = events_of(requests.post(server.url + "/hugginggpt", json={
+        "messages": [{"role": "user", "content": "go"}], "stream": True}, stream=True, timeout=30))
+    failed = {e["id"]: e for n, e in events if n == "task_failed"}
+    assert "crashed" in failed[0]["error"] and failed[1]["skipped"] is True and 2 not in failed
+
+
+def test_stream_errors_arrive_as_an_error_event(server, llm):
+    llm.fail(500, 500, 500, 500)
+    events = events_of(requests.post(server.url + "/hugginggpt", json={
+        "messages": [{"role": "user", "content": "go"}], "stream": True}, stream=True, timeout=30))
+    assert events[0][0] == "error" and "HTTP 500" in events[0][1]["error"]["message"]
+
+
+def test_bad_stream_requests_are_plain_4xx(server):
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [], "stream": True}, timeout=10)
+    assert resp.status_code == 400 and "empty" in resp.json()["error"]["message"]
+
+
+def test_disconnect_cancels_the_work(server, llm, models):
+    models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 1.0
+    llm.on("parse_task", json.dumps([
+        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
+        {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+    ]))
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
+                                                           "stream": True}, stream=True, timeout=30)
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: task_started"):
+            break
+    resp.close()  # the client goes away while task 0 runs
+    time.sleep(2.0)
+    ran = [c["model"] for c in models.calls]
+    assert "stabilityai/stable-diffusion-xl-base-1.0" in ran
+    assert not any("caption" in m for m in ran)  # the dependent never started
+    assert not llm.stage_requests("response_results")  # no answer was written for nobody
+    assert "client went away" in server.logs()
