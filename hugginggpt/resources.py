@@ -23,7 +23,9 @@ import requests
 
 from .errors import ResourceError
 
-KIND_DIRS = {"image": "images", "audio": "audios", "video": "videos"}
+KIND_DIRS = {"image": "images", "audio": "audios", "video": "videos", "upload": "uploads"}
+UPLOAD_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/bmp": "bmp",
+                "audio/wav": "wav", "audio/flac": "flac", "audio/ogg": "ogg", "audio/mpeg": "mp3"}
 _MAGIC = (
     (b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"), (b"RIFF", "audio/wav"),
     (b"ID3", "audio/mpeg"), (b"fLaC", "audio/flac"), (b"OggS", "audio/ogg"), (b"BM", "image/bmp"),

@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request, send_from_directory
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
 HEARTBEAT_SECONDS = 10.0
+WEB_DIR = Path(__file__).resolve().parent / "web"
 
 
 def error_response(message: str, status: int, kind: str) -> Response:
@@ -135,6 +137,24 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     for path in MODES:
         app.add_url_rule(path, path.strip("/"), lambda path=path: handle(path), methods=["POST"])
 
+    @app.post("/upload")
+    def upload() -> Response:
+        """Store an image or audio file under public/uploads/ so requests can name it."""
+        from .resources import UPLOAD_TYPES, save_bytes, sniff_mime
+
+        file = request.files.get("file")
+        if file is None:
+            raise BadRequest("send the file as multipart form field `file`")
+        data = file.read(config.max_body_bytes + 1)
+        if not data:
+            raise BadRequest("the uploaded file is empty")
+        mime = sniff_mime(data, file.filename or "")
+        if mime not in UPLOAD_TYPES:
+            raise BadRequest(f"unsupported file type {mime}; upload an image (png, jpeg, gif, webp) "
+                             "or audio (wav, flac, ogg, mp3)")
+        path = save_bytes(public, "upload", data, UPLOAD_TYPES[mime])
+        return jsonify({"path": path, "kind": mime.split("/")[0]})
+
     @app.get("/health")
     def health() -> Response:
         if "local" in engine.backends:
@@ -147,9 +167,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
 
     @app.get("/")
     def index() -> Response:
-        if (public / "index.html").is_file():
-            return send_from_directory(public, "index.html")
-        return jsonify({"service": "hugginggpt", "routes": ["/hugginggpt", "/tasks", "/results", "/health"]})
+        return send_from_directory(WEB_DIR, "index.html")
 
     @app.get("/<path:filename>")
     def public_files(filename: str) -> Response:

@@ -1,0 +1,110 @@
+"""The web page in headless Chromium: plan graph, live states, rendered results, answer, multi-turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import ROOT
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover
+    sync_playwright = None
+
+pytestmark = pytest.mark.skipif(
+    sync_playwright is None or not os.path.exists(CHROMIUM),
+    reason=f"browser test needs playwright and Chromium at {CHROMIUM} (Debian packages chromium)")
+
+DAG = json.dumps([
+    {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a red fox in the snow"}},
+    {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+    {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
+])
+
+
+@pytest.fixture
+def page():
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        pg = browser.new_page(viewport={"width": 1280, "height": 800})
+        yield pg
+        browser.close()
+
+
+def test_page_shows_plan_states_results_and_answer(server, llm, models, page):
+    models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 1.5
+    llm.on("parse_task", DAG, contains="draw a fox", times=1)
+    page.goto(server.url + "/")
+    page.fill("#input", "draw a fox, caption it, and find names in 'Anna lives in Berlin'")
+    page.keyboard.press("Enter")
+    page.wait_for_selector('#graph .node[data-id="0"][data-state="running"]', timeout=15000)
+    page.screenshot(path=str(ARTIFACTS / "web-mid-run.png"))
+    page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
+    states = page.eval_on_selector_all("#graph .node", "ns => ns.map(n => n.dataset.state)")
+    assert states == ["done", "done", "done"]
+    assert page.locator("#graph .edge").count() == 1  # 0 -> 1
+    img = page.locator('.task[data-id="0"] img')
+    src = img.get_attribute("src")
+    assert src.startswith("/images/")
+    assert page.evaluate("s => document.querySelector(`img[src='${s}']`).naturalWidth", src) == 64
+    assert requests.get(server.url + src, timeout=5).headers["Content-Type"] == "image/png"
+    assert "stabilityai/stable-diffusion-xl-base-1.0" in page.inner_text('.task[data-id="0"]')
+    assert "a picture of 64x48 pixels" in page.inner_text('.task[data-id="1"]')
+    answer = page.inner_text("#chat .assistant")
+    assert answer.startswith("ANSWER based on:")
+    page.screenshot(path=str(ARTIFACTS / "web-done.png"), full_page=True)
+
+    # Multi-turn: "that image" resolves because the history names the generated file.
+    llm.on("parse_task", json.dumps([{"task": "image-to-image", "id": 0, "dep": [-1], "args": {"image": src}}]),
+           contains="black and white", times=1)
+    page.fill("#input", "now make that image black and white")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat .assistant >> nth=1", timeout=15000)
+    page.wait_for_function("document.querySelectorAll('#chat .msg[data-done]').length >= 2", timeout=30000)
+    prompt = llm.stage_requests("parse_task")[-1]["body"]["messages"][-1]["content"]
+    assert "black and white" in prompt and src in prompt
+
+
+def test_upload_makes_a_resource(server, page, tmp_path):
+    from PIL import Image
+
+    pic = tmp_path / "mine.png"
+    Image.new("RGB", (20, 10), (1, 2, 3)).save(pic)
+    page.goto(server.url + "/")
+    page.set_input_files("#file", str(pic))
+    page.wait_for_function("document.querySelector('#input').value.includes('/uploads/')", timeout=10000)
+    path = page.input_value("#input").strip()
+    data = requests.get(server.url + path, timeout=5)
+    assert data.status_code == 200 and data.content == pic.read_bytes()
+
+
+def test_upload_rejects_non_media(server):
+    resp = requests.post(server.url + "/upload", files={"file": ("x.txt", b"hello")}, timeout=5)
+    assert resp.status_code == 400 and "unsupported file type" in resp.json()["error"]["message"]
+    resp = requests.post(server.url + "/upload", data={"nofile": "1"}, timeout=5)
+    assert resp.status_code == 400 and "`file`" in resp.json()["error"]["message"]
+
+
+def test_settings_key_is_sent_but_never_echoed(server, llm, page):
+    llm.on("parse_task", "[]")
+    page.goto(server.url + "/")
+    page.click("#settings summary")
+    page.fill("#api_key", "sk-browser-secret-123456")
+    page.fill("#input", "hello")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelectorAll('#chat .msg[data-done]').length >= 1", timeout=15000)
+    assert "sk-browser-secret-123456" not in page.content().replace('value="sk-browser-secret-123456"', "")
+    assert "sk-browser-secret-123456" not in server.logs()
+    assert Path(server.log).exists()
