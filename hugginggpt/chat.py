@@ -156,6 +156,7 @@ class HuggingGPT:
             catalog=self.catalog, ranker=self.ranker, availability=self.availability, prompts=self.prompts,
             inference_mode=config.inference_mode, num_candidates=config.num_candidate_models,
             max_description_length=config.max_description_length,
+            language=config.preferred_language, max_size_mb=config.max_model_size_mb,
         )
 
     def warm(self) -> None:

@@ -84,6 +84,8 @@ class Config:
     local_models_dir: Path = Path("models")
     memory_budget_gb: float | None = None
     semantic_ranking: bool = True
+    preferred_language: str | None = None  # e.g. "de": models for this language rank higher
+    max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
 
     @property
@@ -246,5 +248,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None) -> C
         local_models_dir=rel(_get(data, "local_models_dir", "models")),
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
+        preferred_language=_get(data, "model_constraints.language"),
+        max_model_size_mb=_get(data, "model_constraints.max_size_mb"),
         cache_dir=rel(_get(data, "cache_dir", ".cache")),
     )

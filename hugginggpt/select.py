@@ -129,7 +129,11 @@ class Selector:
         inference_mode: str,
         num_candidates: int,
         max_description_length: int,
+        language: str | None = None,
+        max_size_mb: float | None = None,
     ):
+        self.language = language
+        self.max_size_mb = max_size_mb
         self.catalog = catalog
         self.ranker = ranker
         self.availability = availability
@@ -157,7 +161,8 @@ class Selector:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
                              reason="The LLM performs well on this text task itself.")
         cards = self.catalog.candidates(
-            RankQuery(task=task.task, text=" ".join([task.task, *task.args.values(), user_input])),
+            RankQuery(task=task.task, text=" ".join([task.task, *task.args.values(), user_input]),
+                      language=self.language, max_size_mb=self.max_size_mb),
             self.ranker,
             limit=max(self.num_candidates * 2, 10),
         )

@@ -115,3 +115,16 @@ def test_keyword_fallback_when_the_model_is_absent(tmp_path, catalog):
     assert isinstance(ranker, KeywordRanker)
     ranked = catalog.candidates(RankQuery(task="translation", text="translate English into German"), ranker, 3)
     assert "Helsinki-NLP/opus-mt-en-de" in [c.id for c in ranked]
+
+
+def test_config_constraints_prefer_a_language_and_cap_size(catalog):
+    from dataclasses import replace
+
+    cards = [replace(c, size_mb=5000.0) if c.id == "dslim/bert-base-NER" else c
+             for c in catalog.for_task("token-classification")]
+    small = Catalog(cards=cards)
+    ranked = small.candidates(RankQuery(task="token-classification", text="find names", language="de",
+                                        max_size_mb=1000), KeywordRanker(), 10)
+    ids = [c.id for c in ranked]
+    assert "dslim/bert-base-NER" not in ids  # over the size cap
+    assert ids[0] in ("flair/ner-german", "fhswf/bert_de_ner")  # the preferred language first
