@@ -277,3 +277,15 @@ def test_orchestrator_runs_a_two_step_plan_on_tiny_models(tiny, tmp_path, llm):
             or "golden" in results["1"]["task"]["args"]["text"]
     finally:
         stop_server(srv)
+
+
+def test_download_helper_lists_the_deployment(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hugginggpt.modelhost.download", "--deployment", "minimal",
+                           "--models-dir", str(tmp_path), "--dry-run"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+    assert proc.returncode == 0
+    assert "would fetch sentence-transformers/all-MiniLM-L6-v2" in proc.stdout
+    assert "canny-control" not in proc.stdout  # annotators have no weights
+    full = subprocess.run([sys.executable, "-m", "hugginggpt.modelhost.download", "--deployment", "full",
+                           "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
+    assert "lllyasviel/sd-controlnet-openpose" in full and "stable-diffusion-v1-5/stable-diffusion-v1-5" in full
