@@ -114,6 +114,23 @@ def test_image_classification_from_path_and_data_uri(tiny):
     assert a == b
 
 
+def test_object_detection_boxes_lie_inside_the_image(tiny):
+    out = post(tiny[0], "hustvl/yolos-tiny", {"img_url": "/examples/red.png", "threshold": 0.0})
+    assert out.status_code == 200, out.text
+    boxes = out.json()
+    assert boxes and all(x["label"] in ("cat", "dog") for x in boxes)
+    for x in boxes:
+        b = x["box"]
+        assert 0 <= b["xmin"] <= b["xmax"] <= 80 and 0 <= b["ymin"] <= b["ymax"] <= 60
+    assert post(tiny[0], "hustvl/yolos-tiny", {"img_url": "/examples/red.png", "threshold": 3}).status_code == 400
+
+
+def test_image_to_text_captions(tiny):
+    out = post(tiny[0], "nlpconnect/vit-gpt2-image-captioning", {"img_url": "/examples/green.jpg"})
+    assert out.status_code == 200, out.text
+    assert isinstance(out.json()["generated text"], str)
+
+
 def test_canny_control_writes_an_edge_image(tiny):
     url, public, *_ = tiny
     img = Image.new("RGB", (64, 64), "black")

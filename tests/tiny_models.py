@@ -139,7 +139,41 @@ def tts_vits(folder: Path) -> None:
     VitsModel(config).save_pretrained(folder)
 
 
+def object_detector(folder: Path) -> None:
+    import torch
+    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    YolosImageProcessor(size={"shortest_edge": 32, "longest_edge": 64}).save_pretrained(folder)
+    labels = ["cat", "dog"]
+    YolosForObjectDetection(YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=37, num_detection_tokens=5,
+                                        num_labels=2, id2label=dict(enumerate(labels)),
+                                        label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def image_captioner(folder: Path) -> None:
+    import torch
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig, ViTImageProcessor
+
+    torch.manual_seed(0)
+    tok = bert_tokenizer(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    encoder = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=37)
+    decoder = GPT2Config(vocab_size=len(WORDS), n_positions=64, n_embd=32, n_layer=1, n_head=2, add_cross_attention=True,
+                         is_decoder=True, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                         pad_token_id=tok.pad_token_id)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id, config.pad_token_id = tok.cls_token_id, tok.pad_token_id
+    config.eos_token_id = tok.sep_token_id
+    VisionEncoderDecoderModel(config=config).save_pretrained(folder)
+
+
 BUILDERS = {
+    "hustvl/yolos-tiny": object_detector,
+    "nlpconnect/vit-gpt2-image-captioning": image_captioner,
     "facebook/mms-tts-eng": tts_vits,
     "distilbert/distilbert-base-uncased-finetuned-sst-2-english": text_classifier,
     "dslim/bert-base-NER": token_classifier,

@@ -162,6 +162,13 @@ def image_pipeline(m: Loaded, i: Inputs) -> Any:
     return plain(m.obj(i.image()))
 
 
+def object_detection(m: Loaded, i: Inputs) -> Any:
+    threshold = i.body.get("threshold", 0.5)
+    if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+        raise BadRequest("`threshold` must be a number between 0 and 1")
+    return plain(m.obj(i.image(), threshold=float(threshold)))
+
+
 def image_segmentation(m: Loaded, i: Inputs) -> Any:
     from PIL import Image
 
@@ -294,7 +301,7 @@ HANDLERS: dict[str, Handler] = {
     "conversational": text_generation,
     "sentence-similarity": sentence_similarity,
     "image-classification": image_pipeline,
-    "object-detection": image_pipeline,
+    "object-detection": object_detection,
     "image-segmentation": image_segmentation,
     "depth-estimation": depth_estimation,
     "image-to-text": image_to_text,
