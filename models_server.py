@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from hugginggpt.logs import setup_logging
 
     try:
-        config = load_config(args.config, env={"OPENAI_API_KEY": "unused-by-the-models-server"})
+        config = load_config(args.config, need_llm=False)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2

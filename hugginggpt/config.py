@@ -172,8 +172,11 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
     return LLMSettings(api_type=None, api_key=_secret(env.get("OPENAI_API_KEY")), **common)
 
 
-def load_config(path: str | os.PathLike, env: dict[str, str] | None = None) -> Config:
-    """Read a JARVIS-style YAML config. Raises ConfigError with a one-line, actionable message."""
+def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need_llm: bool = True) -> Config:
+    """Read a JARVIS-style YAML config. Raises ConfigError with a one-line, actionable message.
+
+    need_llm=False (the models server) skips the LLM keys, which that process never uses.
+    """
     env = dict(os.environ) if env is None else env
     path = Path(path)
     if not path.is_file():
@@ -215,7 +218,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None) -> C
     return Config(
         path=path,
         root=root,
-        llm=_llm_settings(data, path, env),
+        llm=_llm_settings(data, path, env) if need_llm else LLMSettings(api_type=None),
         huggingface_token=token,
         huggingface_base_url=_get(data, "huggingface.base_url"),
         inference_mode=inference_mode,
