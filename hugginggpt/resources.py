@@ -169,6 +169,13 @@ def save_bytes(public_dir: Path, kind: str, data: bytes, ext: str) -> str:
     return public
 
 
+def save_image(public_dir: Path, image) -> str:
+    """Write a PIL image as a new PNG under public/images/; returns its public path."""
+    path, public = new_output_path(public_dir, "image", "png")
+    image.save(path, format="PNG")
+    return public
+
+
 def extension_for(mime: str, default: str) -> str:
     ext = mimetypes.guess_extension(mime or "") or ""
     return {".jpe": "jpg", ".jpeg": "jpg"}.get(ext, ext.lstrip(".") or default)

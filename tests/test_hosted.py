@@ -205,3 +205,14 @@ def test_status_checks_are_cached_across_a_burst(tmp_path, llm, models, models_s
     assert without == 20 * candidates * 2
     assert with_cache <= 20 * 2 * 2  # concurrent first misses at most; normally candidates * 2
     assert with_cache < without / 4
+
+
+def test_segmentation_overlay_tints_only_inside_each_mask():
+    from hugginggpt.backends.normalize import overlay_masks
+
+    base = Image.new("RGB", (10, 10), (0, 0, 0))
+    mask = Image.new("L", (5, 5), 0)
+    mask.paste(255, (0, 0, 2, 5))  # left 2/5 of the mask; resized to the image
+    out = overlay_masks(base, [mask])
+    assert out.size == (10, 10) and out.getpixel((1, 5)) != (0, 0, 0) and out.getpixel((8, 5)) == (0, 0, 0)
+    assert base.getpixel((1, 5)) == (0, 0, 0)  # the input is untouched

@@ -4,6 +4,7 @@ an own Inference Endpoint, or TGI), normalised exactly like local results.
 
 from __future__ import annotations
 
+import base64
 import io
 import logging
 from collections.abc import Callable
@@ -14,9 +15,9 @@ from typing import Any
 import requests
 
 from ..errors import BackendError
-from ..resources import save_bytes
+from ..resources import save_bytes, save_image
 from . import TaskInputs
-from .normalize import draw_boxes
+from .normalize import draw_boxes, overlay_masks
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +102,8 @@ class HostedInference:
                 message = message.replace(self.token, "***")
             raise BackendError(f"hosted inference of {model_id} failed: {message[:300]}") from None
 
-    # -- helpers for handlers ---------------------------------------------------------------------
-
     def save_image(self, image: Any) -> str:
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        return save_bytes(self.public_dir, "image", buf.getvalue(), "png")
+        return save_image(self.public_dir, image)
 
 
 def _use_proxy(proxy: str) -> None:
@@ -138,24 +135,31 @@ def _split_pair(text: str) -> tuple[str, str]:
 Handler = Callable[[HostedInference, Any, str, TaskInputs], dict[str, Any]]
 
 
-def _segmentation(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
-    segments = c.image_segmentation(_need(i, "image"), model=m)
+def _image(value: Any) -> Any:
+    """A mask or picture the API sent as a PIL image or as base64 PNG."""
     from PIL import Image
 
-    base = Image.open(io.BytesIO(i.image.data)).convert("RGB")
-    overlay = base.copy()
-    predicted = []
-    for n, seg in enumerate(segments):
-        mask = seg.mask
-        if isinstance(mask, str):  # base64 PNG
-            import base64
+    return Image.open(io.BytesIO(base64.b64decode(value))) if isinstance(value, str) else value
 
-            mask = Image.open(io.BytesIO(base64.b64decode(mask)))
-        color = ((n * 97) % 256, (n * 57 + 80) % 256, (n * 151 + 40) % 256)
-        layer = Image.new("RGB", base.size, color)
-        overlay = Image.composite(Image.blend(overlay, layer, 0.5), overlay, mask.convert("L").resize(base.size))
-        predicted.append({"label": seg.label, "score": seg.score})
-    return {"generated image": h.save_image(overlay), "predicted": predicted}
+
+def _segmentation(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
+    from PIL import Image
+
+    segments = c.image_segmentation(_need(i, "image"), model=m)
+    base = Image.open(io.BytesIO(i.image.data)).convert("RGB")
+    overlay = overlay_masks(base, [_image(seg.mask) for seg in segments])
+    return {"generated image": h.save_image(overlay), "predicted": [{"label": s.label, "score": s.score} for s in segments]}
+
+
+def _object_detection(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
+    predicted = plain(c.object_detection(_need(i, "image"), model=m))
+    return {"generated image": draw_boxes(i, predicted, h.public_dir), "predicted": predicted}
+
+
+def _audio_to_audio(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
+    out = c.audio_to_audio(_need(i, "audio"), model=m)
+    blob = out[0].blob if isinstance(out[0].blob, bytes) else base64.b64decode(out[0].blob)
+    return {"generated audio": save_bytes(h.public_dir, "audio", blob, "flac"), "predicted": [o.label for o in out]}
 
 
 HANDLERS: dict[str, Handler] = {
@@ -170,8 +174,7 @@ HANDLERS: dict[str, Handler] = {
     "text2text-generation": lambda h, c, m, i: {"generated text": c.text_generation(_need(i, "text"), model=m)},
     "conversational": lambda h, c, m, i: {"generated text": c.text_generation(_need(i, "text"), model=m)},
     "image-classification": lambda h, c, m, i: {"predicted": plain(c.image_classification(_need(i, "image"), model=m))},
-    "object-detection": lambda h, c, m, i: (lambda p: {"generated image": draw_boxes(i, p, h.public_dir),
-                                                        "predicted": p})(plain(c.object_detection(_need(i, "image"), model=m))),
+    "object-detection": _object_detection,
     "image-segmentation": _segmentation,
     "image-to-text": lambda h, c, m, i: {"generated text": c.image_to_text(_need(i, "image"), model=m).generated_text},
     "text-to-image": lambda h, c, m, i: {"generated image": h.save_image(c.text_to_image(_need(i, "text"), model=m))},
@@ -182,7 +185,5 @@ HANDLERS: dict[str, Handler] = {
     "text-to-video": lambda h, c, m, i: {"generated video": save_bytes(h.public_dir, "video", c.text_to_video(_need(i, "text"), model=m), "mp4")},
     "automatic-speech-recognition": lambda h, c, m, i: {"text": c.automatic_speech_recognition(_need(i, "audio"), model=m).text},
     "audio-classification": lambda h, c, m, i: {"predicted": plain(c.audio_classification(_need(i, "audio"), model=m))},
-    "audio-to-audio": lambda h, c, m, i: (lambda out: {"generated audio": save_bytes(
-        h.public_dir, "audio", out[0].blob if isinstance(out[0].blob, bytes) else __import__("base64").b64decode(out[0].blob),
-        "flac"), "predicted": [o.label for o in out]})(c.audio_to_audio(_need(i, "audio"), model=m)),
+    "audio-to-audio": _audio_to_audio,
 }

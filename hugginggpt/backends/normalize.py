@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from ..resources import new_output_path
+from ..resources import save_image
 from . import TaskInputs
 
 PATH_KEY_BY_TASK = {
@@ -57,6 +57,16 @@ def draw_boxes(inputs: TaskInputs, predicted: list[dict[str, Any]], public_dir: 
         color = colors.setdefault(label, (rng.randint(0, 255), rng.randint(0, 100), rng.randint(0, 255)))
         draw.rectangle(((box["xmin"], box["ymin"]), (box["xmax"], box["ymax"])), outline=color, width=2)
         draw.text((box["xmin"] + 3, max(0, box["ymin"] - 12)), label, fill=color)
-    path, public = new_output_path(public_dir, "image", "png")
-    image.save(path, format="PNG")
-    return public
+    return save_image(public_dir, image)
+
+
+def overlay_masks(base: Any, masks: list[Any]) -> Any:
+    """A copy of `base` with each segmentation mask tinted in its own colour, half transparent."""
+    from PIL import Image
+
+    overlay = base.copy()
+    for n, mask in enumerate(masks):
+        color = ((n * 97 + 30) % 256, (n * 57 + 80) % 256, (n * 151 + 40) % 256)
+        tint = Image.blend(overlay, Image.new("RGB", base.size, color), 0.5)
+        overlay = Image.composite(tint, overlay, mask.convert("L").resize(base.size))
+    return overlay

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.normalize import overlay_masks
 from ..errors import BadRequest, ResourceError
-from ..resources import new_output_path, resolve
+from ..resources import new_output_path, resolve, save_image
 from .pool import Loaded
 
 
@@ -63,9 +64,7 @@ class Inputs:
         return mono
 
     def save_image(self, image) -> dict[str, str]:
-        path, public = new_output_path(self.public_dir, "image", "png")
-        image.save(path, format="PNG")
-        return {"path": public}
+        return {"path": save_image(self.public_dir, image)}
 
     def save_audio(self, samples: np.ndarray, rate: int) -> dict[str, str]:
         import soundfile as sf
@@ -170,18 +169,10 @@ def object_detection(m: Loaded, i: Inputs) -> Any:
 
 
 def image_segmentation(m: Loaded, i: Inputs) -> Any:
-    from PIL import Image
-
     image = i.image()
     segments = m.obj(image)
-    overlay = image.copy()
-    predicted = []
-    for n, seg in enumerate(segments):
-        color = ((n * 97 + 30) % 256, (n * 57 + 80) % 256, (n * 151 + 40) % 256)
-        mask = seg["mask"].convert("L").resize(image.size)
-        overlay = Image.composite(Image.blend(overlay, Image.new("RGB", image.size, color), 0.5), overlay, mask)
-        predicted.append({"label": seg.get("label"), "score": plain(seg.get("score"))})
-    return {**i.save_image(overlay), "predicted": predicted}
+    predicted = [{"label": seg.get("label"), "score": plain(seg.get("score"))} for seg in segments]
+    return {**i.save_image(overlay_masks(image, [seg["mask"] for seg in segments])), "predicted": predicted}
 
 
 def depth_estimation(m: Loaded, i: Inputs) -> Any:
