@@ -42,8 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         pool.preload(servable)
     from waitress import serve
 
-    serve(create_app(pool, config.public_dir), host=args.host or config.models_host, port=args.port or config.models_port,
-          threads=16, ident="hugginggpt-models")
+    host = args.host or config.models_host
+    if not config.models_server_token and host not in ("localhost", "127.0.0.1", "::1"):
+        print(f"warning: listening on {host} without models_server_token: anyone who can reach this port can run "
+              "models; set models_server_token (or HUGGINGGPT_MODELS_TOKEN) here and in the orchestrator's config",
+              file=sys.stderr, flush=True)
+    app = create_app(pool, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
+                     max_pixels=config.max_image_pixels)
+    serve(app, host=host, port=args.port or config.models_port, threads=16, ident="hugginggpt-models")
     return 0
 
 

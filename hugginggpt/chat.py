@@ -23,10 +23,11 @@ from .backends.local import LocalModelsServer
 from .catalog import Catalog, KeywordRanker, Ranker
 from .config import Config
 from .errors import BackendError, BadRequest, LLMError, ResourceError
-from .llm import LLMClient, with_overrides
+from .llm import DeadlineLLM, LLMClient, with_overrides
 from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan
 from .prompts import PromptSet
 from .resources import Resource, resolve
+from .respond import write_answer
 from .scheduler import DONE, Outcome, Scheduler, TaskFailed
 from .select import Availability, Selection, Selector, control_task_fixup
 
@@ -58,6 +59,8 @@ class ChatRequest:
             value = body.get(key)
             if value is not None and not isinstance(value, str):
                 raise BadRequest(f"`{key}` must be a string")
+            if value:
+                _check_unicode(value, f"`{key}`")
             fields[key] = value or None
         return cls(messages=messages, **fields)
 
@@ -86,10 +89,19 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
             raise BadRequest(f"messages[{i}].content must be a string")
         if len(content) > MAX_CONTENT_CHARS:
             raise BadRequest(f"messages[{i}].content is longer than {MAX_CONTENT_CHARS} characters")
+        _check_unicode(content, f"messages[{i}].content")
         clean.append({"role": role, "content": content})
     if not clean[-1]["content"].strip():
         raise BadRequest("the last message is empty: it must hold the request")
     return clean
+
+
+def _check_unicode(value: str, where: str) -> None:
+    """JSON can carry lone UTF-16 surrogates (\\ud800) that no UTF-8 consumer downstream accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
 
 
 def collect_result(task: Task, choose: dict[str, str] | str, inference: dict[str, Any]) -> dict[str, Any]:
@@ -100,10 +112,12 @@ def collect_result(task: Task, choose: dict[str, str] | str, inference: dict[str
 class RequestState:
     """Everything one request owns: its LLM client, plan, selections, results and events."""
 
-    def __init__(self, request: ChatRequest, llm: LLMClient, on_event: EventSink | None):
+    def __init__(self, request: ChatRequest, llm: LLMClient, on_event: EventSink | None, timeout: float):
         self.request = request
-        self.llm = llm
         self.started = time.perf_counter()
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.llm = DeadlineLLM(llm, self.deadline)
         self._sink = on_event
         self.results: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
@@ -148,8 +162,10 @@ class HuggingGPT:
         self.warmed = threading.Event()
         self._clients: dict[Any, LLMClient] = {}
         self._clients_lock = threading.Lock()
+        self.url_policy = config.url_policy()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
-                                       config.task_timeout)
+                                       config.task_timeout, token=config.models_server_token, policy=self.url_policy,
+                                       max_output_bytes=config.max_output_bytes, copy_timeout=config.fetch_timeout * 4)
         self.backends: dict[str, Backend] = backends if backends is not None else self._default_backends()
         self.availability = Availability(self.backends, ttl=config.status_cache_seconds)
         self.selector = Selector(
@@ -189,7 +205,7 @@ class HuggingGPT:
 
     def llm_for(self, request: ChatRequest) -> LLMClient:
         settings = with_overrides(self.config.llm, request.api_key, request.api_type, request.api_endpoint,
-                                  request.model)
+                                  request.model, allow_endpoints=self.config.allow_request_endpoints)
         with self._clients_lock:  # clients are thread-safe and costly to build (TLS setup): reuse them
             client = self._clients.get(settings)
             if client is None:
@@ -206,7 +222,7 @@ class HuggingGPT:
         state_ready: Callable[[RequestState], None] | None = None,
     ) -> Any:
         """mode: "answer" (/hugginggpt), "tasks" (/tasks), "results" (/results), "decisions"."""
-        state = RequestState(request, self.llm_for(request), on_event)
+        state = RequestState(request, self.llm_for(request), on_event, self.config.request_timeout)
         if state_ready:
             state_ready(state)
         rid = request.request_id
@@ -298,7 +314,7 @@ class HuggingGPT:
             if task.error:
                 sel = Selection(task.id, task.task, None, None, "", error=task.error)
             else:
-                sel = self.selection_of(state, task, timeout=self.config.request_timeout)
+                sel = self.selection_of(state, task, timeout=max(0.1, state.deadline - time.monotonic()))
             if sel.model_id is None:
                 unavailable += 1
             selections[str(task.id)] = {
@@ -353,7 +369,7 @@ class HuggingGPT:
         state.scheduler = scheduler
         if state.cancelled.is_set():
             scheduler.cancel()
-        remaining = self.config.request_timeout - (time.perf_counter() - state.started)
+        remaining = state.deadline - time.monotonic()
         outcomes = scheduler.run(timeout=max(0.1, remaining))
         for tid, outcome in outcomes.items():
             if outcome.state != DONE and tid not in state.results:
@@ -431,7 +447,7 @@ class HuggingGPT:
             if not value:
                 return None
             return resolve(value, self.config.public_dir, self.config.max_fetch_bytes, self.config.fetch_timeout,
-                           self.config.proxy)
+                           self.config.proxy, self.url_policy)
 
         return TaskInputs(task=task.task, text=task.args.get("text"), image=res("image"), audio=res("audio"))
 
@@ -446,12 +462,8 @@ class HuggingGPT:
     # -- stage 4 ----------------------------------------------------------------------------------
 
     def respond(self, state: RequestState, results: dict[int, dict[str, Any]]) -> str:
-        processes = [results[k] for k in sorted(results)]
-        messages = self.prompts.response_results(state.request.user_input, processes)
-        on_token = (lambda piece: state.emit("answer_token", {"text": piece})) if state._sink else None
-        message = state.llm.chat(messages, on_token=on_token).strip()
-        state.emit("answer", {"message": message})
-        return message
+        return write_answer(state.llm, self.prompts, state.request.user_input, results, state.timeout,
+                            state.emit if state._sink else None)
 
 
 def _message(error: Any) -> str:

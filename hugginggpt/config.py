@@ -36,6 +36,7 @@ class LLMSettings:
     timeout: float = 120.0
     max_retries: int = 3
     max_context_tokens: int | None = None
+    trusted: bool = True  # False: the endpoint was named by a request, not by the config
 
     def redacted(self) -> dict[str, Any]:
         """A loggable view: never the key itself."""
@@ -87,10 +88,24 @@ class Config:
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
+    # deployment and access control (see README "Deploying it")
+    url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
+    allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
+    api_tokens: tuple[str, ...] = ()  # empty: no Authorization required
+    models_server_token: str | None = None
+    cors_origins: tuple[str, ...] = ()  # empty: same origin and localhost only
+    upload_quota_bytes: int = 1024 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_output_bytes: int = 200 * 1024 * 1024  # one generated file copied from the models server
 
     @property
     def models_server_url(self) -> str:
         return f"http://{self.models_host}:{self.models_port}"
+
+    def url_policy(self):
+        from .urlpolicy import UrlPolicy
+
+        return UrlPolicy.from_entries(self.url_allowlist)
 
     def with_overrides(self, **changes: Any) -> Config:
         return replace(self, **changes)
@@ -118,6 +133,20 @@ def _typed(data: dict, key: str, kind: type, default: Any, path: Path) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{path}: `{key}` must be a {kind.__name__}, got {value!r}")
     return value
+
+
+def _strings(data: dict, key: str, path: Path, env_value: str | None = None) -> tuple[str, ...]:
+    """A list of strings in the file (or one comma-separated string, as in an environment variable)."""
+    value = _get(data, key)
+    if value is None and env_value:
+        value = env_value
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise ConfigError(f"{path}: `{key}` must be a list of strings")
+    return tuple(s for s in (str(v).strip() for v in value) if s)
 
 
 def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: Path) -> str:
@@ -254,4 +283,13 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         preferred_language=_get(data, "model_constraints.language"),
         max_model_size_mb=_get(data, "model_constraints.max_size_mb"),
         cache_dir=rel(_get(data, "cache_dir", ".cache")),
+        url_allowlist=_strings(data, "url_allowlist", path),
+        allow_request_endpoints=_typed(data, "allow_request_endpoints", bool, True, path),
+        api_tokens=tuple(t for t in _strings(data, "api_tokens", path, env.get("HUGGINGGPT_API_TOKENS"))
+                         if not t.startswith(PLACEHOLDER_PREFIX)),
+        models_server_token=_secret(_get(data, "models_server_token")) or _secret(env.get("HUGGINGGPT_MODELS_TOKEN")),
+        cors_origins=_strings(data, "cors_origins", path),
+        upload_quota_bytes=int(_typed(data, "upload_quota_mb", float, 1024.0, path) * 1024 * 1024),
+        max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),
+        max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
     )

@@ -25,6 +25,17 @@ class PayloadTooLarge(BadRequest):
     status = 413
 
 
+class UnsupportedMediaType(BadRequest):
+    status = 415
+
+
+class StorageFull(HuggingGPTError):
+    """A quota on disk is used up (HTTP 507); nothing already stored is removed to make room."""
+
+    status = 507
+    kind = "storage_error"
+
+
 class LLMError(HuggingGPTError):
     """The LLM backend failed or is unreachable (HTTP 502)."""
 
@@ -46,3 +57,24 @@ class BackendError(HuggingGPTError):
     """A model backend (local models server, hosted inference) failed for one task."""
 
     kind = "backend_error"
+
+
+class Unauthorized(HuggingGPTError):
+    """No valid bearer token (HTTP 401)."""
+
+    status = 401
+    kind = "authentication_error"
+
+
+class Forbidden(HuggingGPTError):
+    """The request is understood but this server's config does not allow it (HTTP 403)."""
+
+    status = 403
+    kind = "permission_error"
+
+
+class DeadlineExceeded(LLMError):
+    """The request ran past `request_timeout` (HTTP 504 when nothing can be answered)."""
+
+    status = 504
+    kind = "timeout_error"

@@ -6,9 +6,12 @@ with exponential backoff (honouring Retry-After); we set how many times and how 
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import logging
+import random
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -17,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import openai
 
 from .config import API_TYPES, LLMSettings
-from .errors import BadRequest, LLMError
+from .errors import BadRequest, DeadlineExceeded, Forbidden, LLMError
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +52,14 @@ def with_overrides(
     api_type: str | None = None,
     api_endpoint: str | None = None,
     model: str | None = None,
+    *,
+    allow_endpoints: bool = True,
 ) -> LLMSettings:
-    """Per-request overrides from the request body; the config stays untouched."""
+    """Per-request overrides from the request body; the config stays untouched.
+
+    The configured key only ever goes to the configured endpoint: a request that names another endpoint
+    brings its own key, or none for a keyless local server.
+    """
     changes: dict[str, Any] = {}
     if api_type is not None:
         if api_type not in API_TYPES:
@@ -58,10 +67,19 @@ def with_overrides(
         changes["api_type"] = api_type
     if api_key is not None:
         changes["api_key"] = api_key
+    own_endpoint = False
     if api_endpoint is not None:
-        changes["endpoint"] = api_endpoint if (api_type or settings.api_type) == "azure" else normalize_endpoint(
-            api_endpoint
-        )
+        azure = (api_type or settings.api_type) == "azure"
+        endpoint = _azure_endpoint(api_endpoint) if azure else normalize_endpoint(api_endpoint)
+        configured = settings.endpoint
+        if configured is not None and not azure:
+            configured = normalize_endpoint(configured)
+        if endpoint != configured:
+            if not allow_endpoints:
+                raise Forbidden("this server does not accept `api_endpoint` in requests "
+                                "(allow_request_endpoints is false in its config)")
+            own_endpoint = True
+            changes.update(endpoint=endpoint, api_key=api_key, trusted=False)
     if model is not None:
         changes["model"] = model
     merged = replace(settings, **changes)
@@ -69,9 +87,16 @@ def with_overrides(
         merged = replace(merged, api_type="local" if merged.endpoint else "openai")
     if merged.api_type == "local" and not merged.endpoint:
         raise BadRequest("api_type 'local' needs api_endpoint (e.g. http://localhost:8006/v1)")
-    if merged.api_type in ("openai", "azure") and not merged.api_key:
+    if merged.api_type in ("openai", "azure") and not merged.api_key and not own_endpoint:
         raise BadRequest(f"no API key for the {merged.api_type} backend: send api_key or configure one")
     return merged
+
+
+def _azure_endpoint(url: str) -> str:
+    url = url.strip()
+    if not re.match(r"^https?://", url):
+        raise BadRequest(f"api_endpoint must be an http(s) URL, got {url!r}")
+    return url.rstrip("/")
 
 
 @functools.lru_cache(maxsize=16)
@@ -111,7 +136,7 @@ class LLMClient:
         common: dict[str, Any] = dict(
             api_key=settings.api_key or "not-needed",
             timeout=settings.timeout,
-            max_retries=settings.max_retries,
+            max_retries=0,  # we retry ourselves, within the request's deadline (see `_call`)
         )
         if http_client is not None:
             common["http_client"] = http_client
@@ -147,57 +172,147 @@ class LLMClient:
         temperature: float = 0.0,
         logit_bias_weight: float = 0.0,
         on_token: Callable[[str], None] | None = None,
+        deadline: float | None = None,
     ) -> str:
-        """Send messages, return the reply text. With on_token, stream and report each piece."""
+        """Send messages, return the reply text. With on_token, stream and report each piece.
+
+        deadline (time.monotonic()): every attempt, retry wait and streamed chunk must fit before it.
+        """
         bias = self.logit_bias(logit_bias_weight)
         extra: dict[str, Any] = {"temperature": temperature}
         if bias:
             extra["logit_bias"] = bias
+        if self.settings.use_completion:
+            prompt = messages_to_prompt(messages)
+            return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline), deadline)
+        return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline), deadline)
+
+    def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
+        model = self.settings.model
+        if on_token is None:
+            resp = self._client.chat.completions.create(model=model, messages=messages, timeout=timeout, **extra)
+            choices = getattr(resp, "choices", None)
+            if not isinstance(choices, list):
+                raise _NotOpenAI()
+            if not choices:
+                raise LLMError(f"{self.describe} returned no choices")
+            return choices[0].message.content or ""
+        stream = self._client.chat.completions.create(model=model, messages=messages, stream=True, timeout=timeout,
+                                                      **extra)
+        return self._collect(stream, lambda c: c.choices[0].delta.content if c.choices and c.choices[0].delta else None,
+                             on_token, deadline)
+
+    def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None) -> str:
+        common = dict(model=self.settings.model, prompt=prompt, max_tokens=2048, timeout=timeout, **extra)
+        if on_token is None:
+            resp = self._client.completions.create(**common)
+            choices = getattr(resp, "choices", None)
+            if not isinstance(choices, list):
+                raise _NotOpenAI()
+            return choices[0].text if choices else ""
+        stream = self._client.completions.create(stream=True, **common)
+        return self._collect(stream, lambda c: c.choices[0].text if c.choices else None, on_token, deadline)
+
+    def _collect(self, stream, piece_of, on_token, deadline: float | None) -> str:
+        chunks = []
         try:
-            if self.settings.use_completion:
-                return self._complete(messages_to_prompt(messages), extra, on_token)
-            if on_token is None:
-                resp = self._client.chat.completions.create(model=self.settings.model, messages=messages, **extra)
-                if not resp.choices:
-                    raise LLMError(f"{self.describe} returned no choices")
-                return resp.choices[0].message.content or ""
-            chunks = []
-            stream = self._client.chat.completions.create(
-                model=self.settings.model, messages=messages, stream=True, **extra
-            )
             for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta and chunk.choices[0].delta.content:
-                    piece = chunk.choices[0].delta.content
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline passed")
+                piece = piece_of(chunk) if hasattr(chunk, "choices") else None
+                if piece:
                     chunks.append(piece)
                     on_token(piece)
-            return "".join(chunks)
-        except openai.APIStatusError as exc:
-            raise LLMError(self._redact(f"{self.describe} answered HTTP {exc.status_code}: {_short(exc)}")) from None
-        except openai.APITimeoutError:
-            raise LLMError(f"{self.describe} timed out after {self.settings.timeout:.0f}s") from None
-        except openai.APIConnectionError:
-            raise LLMError(f"{self.describe} is unreachable (connection failed)") from None
-        except openai.OpenAIError as exc:
-            raise LLMError(self._redact(f"{self.describe} failed: {_short(exc)}")) from None
-
-    def _complete(self, prompt: str, extra: dict[str, Any], on_token: Callable[[str], None] | None) -> str:
-        if on_token is None:
-            resp = self._client.completions.create(model=self.settings.model, prompt=prompt, max_tokens=2048, **extra)
-            return resp.choices[0].text if resp.choices else ""
-        chunks = []
-        for chunk in self._client.completions.create(
-            model=self.settings.model, prompt=prompt, max_tokens=2048, stream=True, **extra
-        ):
-            if chunk.choices and chunk.choices[0].text:
-                chunks.append(chunk.choices[0].text)
-                on_token(chunk.choices[0].text)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
         return "".join(chunks)
+
+    def _call(self, attempt: Callable[[float], str], deadline: float | None) -> str:
+        """Run one attempt after another on 408/409/429/5xx and connection errors, as the SDK would,
+        but never past the deadline: each attempt's timeout is the time left."""
+        tries = 0
+        while True:
+            timeout = self.settings.timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0.05:
+                    raise DeadlineExceeded(f"the request's deadline passed before {self.describe} answered")
+                timeout = min(timeout, left)
+            try:
+                return attempt(timeout)
+            except (LLMError, DeadlineExceeded):
+                raise
+            except openai.APIStatusError as exc:
+                if exc.status_code not in (408, 409, 429) and exc.status_code < 500 or tries >= self.settings.max_retries:
+                    raise LLMError(self._status_message(exc)) from None
+                wait = _retry_after(exc) or _backoff(tries)
+            except openai.APITimeoutError:
+                if deadline is not None and time.monotonic() >= deadline - 0.05:
+                    raise DeadlineExceeded(f"{self.describe} did not answer before the request's deadline") from None
+                if tries >= self.settings.max_retries:
+                    raise LLMError(f"{self.describe} timed out after {timeout:.0f}s") from None
+                wait = _backoff(tries)
+            except openai.APIConnectionError:
+                if tries >= self.settings.max_retries:
+                    raise LLMError(f"{self.describe} is unreachable (connection failed)") from None
+                wait = _backoff(tries)
+            except _NotOpenAI:
+                raise LLMError(f"{self.describe} answered with something that is not an OpenAI-style completion "
+                               "(is api_endpoint the /v1 base of an OpenAI-compatible server?)") from None
+            except openai.OpenAIError as exc:
+                raise LLMError(self._redact(f"{self.describe} failed: {self._detail(exc)}")) from None
+            except (AttributeError, TypeError, ValueError, KeyError, IndexError):
+                raise LLMError(f"{self.describe} answered in an unexpected shape (not an OpenAI-style completion)") \
+                    from None
+            tries += 1
+            if deadline is not None and time.monotonic() + wait >= deadline:
+                raise DeadlineExceeded(f"{self.describe} kept failing until the request's deadline")
+            log.info("%s: retrying in %.1fs (attempt %d of %d)", self.describe, wait, tries + 1,
+                     self.settings.max_retries + 1)
+            time.sleep(wait)
+
+    def _status_message(self, exc: openai.APIStatusError) -> str:
+        """An endpoint the request chose gets no echo of its error body (it could be any internal service)."""
+        if not self.settings.trusted:
+            return f"{self.describe} answered HTTP {exc.status_code}"
+        return self._redact(f"{self.describe} answered HTTP {exc.status_code}: {_short(exc)}")
+
+    def _detail(self, exc: Exception) -> str:
+        return _short(exc) if self.settings.trusted else exc.__class__.__name__
 
     def _redact(self, text: str) -> str:
         key = self.settings.api_key
         if key and len(key) >= 4:
             text = text.replace(key, "***")
         return re.sub(r"sk-[A-Za-z0-9_\-*]{6,}", "sk-***", text)
+
+
+class _NotOpenAI(Exception):
+    """The endpoint answered 200 with something that is not a completion object."""
+
+
+def _backoff(tries: int) -> float:
+    return min(8.0, 0.5 * 2**tries) * random.uniform(0.75, 1.0)
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms), capped at 60."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    try:
+        if headers.get("retry-after-ms"):
+            return min(60.0, float(headers["retry-after-ms"]) / 1000)
+        value = headers.get("retry-after")
+        if value:
+            try:
+                return min(60.0, max(0.0, float(value)))
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value).timestamp()
+                return min(60.0, max(0.0, when - time.time()))
+    except (TypeError, ValueError):
+        return None
+    return None
 
 
 def _short(exc: Exception) -> str:
@@ -209,3 +324,23 @@ def _short(exc: Exception) -> str:
         if isinstance(err, str):
             return err[:300]
     return str(exc).splitlines()[0][:300] if str(exc) else exc.__class__.__name__
+
+
+class DeadlineLLM:
+    """One request's view of a shared client: every call carries that request's deadline."""
+
+    def __init__(self, client: LLMClient, deadline: float | None):
+        self.client = client
+        self.deadline = deadline
+
+    @property
+    def settings(self) -> LLMSettings:
+        return self.client.settings
+
+    @property
+    def describe(self) -> str:
+        return self.client.describe
+
+    def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        kwargs.setdefault("deadline", self.deadline)
+        return self.client.chat(messages, **kwargs)

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
+import io
 import mimetypes
 import os
 import re
-import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import requests
-
 from .errors import ResourceError
+from .urlpolicy import UrlPolicy, fetch
 
 KIND_DIRS = {"image": "images", "audio": "audios", "video": "videos", "upload": "uploads"}
 UPLOAD_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/bmp": "bmp",
@@ -53,6 +51,31 @@ def sniff_mime(data: bytes, name: str = "") -> str:
     return guessed or "application/octet-stream"
 
 
+DEFAULT_MAX_PIXELS = 40_000_000
+
+
+def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, what: str = "the image"):
+    """Bytes -> an RGB PIL image, refusing a decompression bomb before any pixel is decoded."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ResourceError(f"{what} is {width}x{height} pixels; at most {max_pixels:,} pixels are accepted")
+            return image.convert("RGB")
+    except ResourceError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ResourceError(f"{what} is too large to decode (decompression bomb)") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise ResourceError(f"{what} is not a readable image") from None
+
+
 def public_file(value: str, public_dir: Path) -> Path:
     """The file under public/ that a request path names; refuses anything outside it."""
     raw = unquote(value.strip()).replace("\\", "/")
@@ -74,41 +97,14 @@ def public_path_of(path: Path, public_dir: Path) -> str:
     return "/" + path.resolve().relative_to(public_dir.resolve()).as_posix()
 
 
-def _check_host(url: str) -> None:
-    host = urlsplit(url).hostname or ""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except socket.gaierror:
-        raise ResourceError(f"cannot resolve host of {url!r}") from None
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%")[0])
-        if addr.is_link_local or addr.is_multicast or addr.is_unspecified:
-            raise ResourceError(f"refusing to fetch {url!r}: link-local, multicast or unspecified address")
-
-
-def fetch_url(url: str, max_bytes: int, timeout: float, proxy: str | None = None) -> Resource:
-    _check_host(url)
-    proxies = {"http": proxy, "https": proxy} if proxy else None
-    try:
-        with requests.get(url, stream=True, timeout=timeout, proxies=proxies, allow_redirects=True) as resp:
-            if resp.status_code >= 400:
-                raise ResourceError(f"fetching {url!r} failed: HTTP {resp.status_code}")
-            declared = resp.headers.get("Content-Length")
-            if declared and declared.isdigit() and int(declared) > max_bytes:
-                raise ResourceError(f"{url!r} is larger than the {max_bytes // (1024 * 1024)} MiB limit")
-            chunks, size = [], 0
-            for chunk in resp.iter_content(65536):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ResourceError(f"{url!r} is larger than the {max_bytes // (1024 * 1024)} MiB limit")
-                chunks.append(chunk)
-            data = b"".join(chunks)
-            mime = (resp.headers.get("Content-Type") or "").split(";")[0].strip()
-    except requests.RequestException as exc:
-        raise ResourceError(f"fetching {url!r} failed: {exc.__class__.__name__}") from None
+def fetch_url(url: str, max_bytes: int, timeout: float, proxy: str | None = None,
+              policy: UrlPolicy | None = None) -> Resource:
+    """A user-named URL, fetched under the outbound URL policy (strict when none is given)."""
+    got = fetch(url, policy or UrlPolicy(), max_bytes, timeout, proxy)
+    mime = got.content_type
     if not mime or mime == "application/octet-stream":
-        mime = sniff_mime(data, urlsplit(url).path)
-    return Resource(data=data, mime=mime, source=url)
+        mime = sniff_mime(got.data, urlsplit(got.url).path)
+    return Resource(data=got.data, mime=mime, source=url)
 
 
 def decode_data_uri(value: str, max_bytes: int) -> Resource:
@@ -128,7 +124,8 @@ def decode_data_uri(value: str, max_bytes: int) -> Resource:
     return Resource(data=data, mime=mime, source="data:" + mime)
 
 
-def resolve(value: str, public_dir: Path, max_bytes: int, timeout: float, proxy: str | None = None) -> Resource:
+def resolve(value: str, public_dir: Path, max_bytes: int, timeout: float, proxy: str | None = None,
+            policy: UrlPolicy | None = None) -> Resource:
     """Any accepted way of naming an input -> its bytes."""
     if not isinstance(value, str) or not value.strip():
         raise ResourceError("empty resource reference")
@@ -137,7 +134,7 @@ def resolve(value: str, public_dir: Path, max_bytes: int, timeout: float, proxy:
         return decode_data_uri(value, max_bytes)
     scheme = urlsplit(value).scheme.lower()
     if scheme in ("http", "https"):
-        return fetch_url(value, max_bytes, timeout, proxy)
+        return fetch_url(value, max_bytes, timeout, proxy, policy)
     if scheme and len(scheme) > 1:
         raise ResourceError(f"unsupported URL scheme {scheme!r} in {value!r}; use http(s), data: or a public/ path")
     path = public_file(value, public_dir)
@@ -153,7 +150,7 @@ def new_output_path(public_dir: Path, kind: str, ext: str) -> tuple[Path, str]:
     folder.mkdir(parents=True, exist_ok=True)
     ext = ext.lstrip(".")
     while True:
-        name = f"{uuid.uuid4().hex[:12]}.{ext}"
+        name = f"{uuid.uuid4().hex}.{ext}"  # 128 random bits: a file URL is a capability
         path = folder / name
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -1,4 +1,10 @@
-"""The orchestration server: Flask app factory, JSON errors, SSE streaming, static public/, CORS."""
+"""The orchestration server: Flask app factory, JSON errors, SSE streaming, static public/, access control.
+
+Clients are untrusted, a web page in the user's browser included: API routes take a bearer token when
+`api_tokens` is set, JSON routes take only `application/json` (so a foreign page cannot send a "simple"
+request that skips the CORS preflight), and a POST from a browser origin that is not allowed is refused
+before it runs.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request, send_from_directory
+from flask_cors import CORS
+from flask_cors.core import get_cors_options, get_cors_origins
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .access import bearer_ok, bearer_token, send_public_file
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config
-from .errors import BadRequest, HuggingGPTError
+from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
+from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
+API_ROUTES = (*MODES, "/upload")
+LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 HEARTBEAT_SECONDS = 10.0
 WEB_DIR = Path(__file__).resolve().parent / "web"
 
@@ -38,11 +50,35 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.extensions["hugginggpt"] = engine
 
+    origins = list(config.cors_origins) or [LOCAL_ORIGINS]
+    CORS(app, origins=origins, allow_headers=["Content-Type", "Authorization"], methods=["GET", "POST", "OPTIONS"],
+         max_age=600)
+    uploads = UploadStore(public, config.upload_quota_bytes, config.max_image_pixels)
+
+    cors_options = get_cors_options(app, {"origins": origins})
+
+    def origin_allowed(origin: str) -> bool:
+        """The same rule flask-cors applies to responses, applied to the request before it runs."""
+        same = origin.rstrip("/") == request.host_url.rstrip("/")
+        return same or get_cors_origins(cors_options, origin) is not None
+
+    @app.before_request
+    def guard() -> None:
+        if request.method == "OPTIONS" or request.path not in API_ROUTES:
+            return
+        origin = request.headers.get("Origin")
+        if origin and not origin_allowed(origin):
+            raise Forbidden(f"requests from the web origin {origin[:100]} are not allowed; add it to cors_origins")
+        if config.api_tokens:
+            header = request.headers.get("Authorization")
+            if bearer_token(header) is None:
+                raise Unauthorized("this server needs `Authorization: Bearer <token>` (one of its api_tokens)")
+            if not bearer_ok(header, config.api_tokens):
+                raise Forbidden("the bearer token is not one of this server's api_tokens")
+
     @app.after_request
-    def cors(resp: Response) -> Response:
-        resp.headers["Access-Control-Allow-Origin"] = "*"
-        resp.headers["Access-Control-Allow-Headers"] = "Content-Type, Authorization"
-        resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    def no_sniff(resp: Response) -> Response:
+        resp.headers["X-Content-Type-Options"] = "nosniff"
         return resp
 
     @app.errorhandler(HuggingGPTError)
@@ -67,9 +103,18 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     def read_body() -> dict[str, Any]:
         if request.content_length and request.content_length > config.max_body_bytes:
             raise RequestEntityTooLarge()
-        body = request.get_json(silent=True, force=True)
-        if body is None:
-            raise BadRequest("the request body must be JSON, e.g. {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}")
+        if not request.is_json:
+            got = request.mimetype or "none"
+            raise UnsupportedMediaType(f"send the body as JSON with `Content-Type: application/json` (got {got})")
+        example = "e.g. {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}"
+        try:
+            body = json.loads(request.get_data(cache=False))
+        except RecursionError:
+            raise BadRequest("the JSON body is nested too deeply") from None
+        except UnicodeDecodeError:
+            raise BadRequest("the request body is not UTF-8 text") from None
+        except ValueError:
+            raise BadRequest(f"the request body must be JSON, {example}; this is not valid JSON") from None
         return body
 
     def handle(path: str) -> Response:
@@ -140,30 +185,23 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     @app.post("/upload")
     def upload() -> Response:
         """Store an image or audio file under public/uploads/ so requests can name it."""
-        from .resources import UPLOAD_TYPES, save_bytes, sniff_mime
-
         file = request.files.get("file")
         if file is None:
             raise BadRequest("send the file as multipart form field `file`")
         data = file.read(config.max_body_bytes + 1)
-        if not data:
-            raise BadRequest("the uploaded file is empty")
-        mime = sniff_mime(data, file.filename or "")
-        if mime not in UPLOAD_TYPES:
-            raise BadRequest(f"unsupported file type {mime}; upload an image (png, jpeg, gif, webp) "
-                             "or audio (wav, flac, ogg, mp3)")
-        path = save_bytes(public, "upload", data, UPLOAD_TYPES[mime])
-        return jsonify({"path": path, "kind": mime.split("/")[0]})
+        path, kind = uploads.store(data, file.filename or "")
+        return jsonify({"path": path, "kind": kind})
 
     @app.get("/health")
     def health() -> Response:
+        """Open to everyone, so it names no endpoint, key or token."""
         if "local" in engine.backends:
             models = "up" if engine.local.running() else "down"
         else:
             models = "unused"
-        llm = config.llm.redacted()
+        llm = {k: v for k, v in config.llm.redacted().items() if k != "endpoint"}
         return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
-                        "model_ranking": engine.ranking})
+                        "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
 
     @app.get("/")
     def index() -> Response:
@@ -173,7 +211,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     def public_files(filename: str) -> Response:
         if "/" + filename in MODES:
             return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
-        return send_from_directory(public, filename)
+        return send_public_file(public, filename)
 
     return app
 

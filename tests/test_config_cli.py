@@ -101,13 +101,16 @@ def test_resources_stay_inside_public(public_dir):
 
 
 def test_urls_are_fetched_with_limits(public_dir, models_server):
+    from hugginggpt.urlpolicy import UrlPolicy
+
     fake, url = models_server
-    res = resolve(url + "/running", public_dir, 10**6, 5)
+    loopback = UrlPolicy.from_entries(["127.0.0.1/32"])
+    res = resolve(url + "/running", public_dir, 10**6, 5, policy=loopback)
     assert json.loads(res.data) == {"running": True}
     with pytest.raises(ResourceError, match="larger than"):
-        resolve(url + "/running", public_dir, 5, 5)
+        resolve(url + "/running", public_dir, 5, 5, policy=loopback)
     with pytest.raises(ResourceError, match="HTTP 404"):
-        resolve(url + "/nothing-here", public_dir, 10**6, 5)
+        resolve(url + "/nothing-here", public_dir, 10**6, 5, policy=loopback)
 
 
 def run_cli(config: Path, stdin: str, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:

@@ -91,9 +91,14 @@ def test_generated_files_are_served(server, llm, models):
     llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}]))
     results = server.post("/results", ask("draw a fox")).json()
     path = results["0"]["inference result"]["generated image"]
-    resp = server.url and __import__("requests").get(server.url + path, timeout=5)
+    import requests
+
+    resp = requests.get(server.url + path, headers={"Origin": "http://localhost:3000"}, timeout=5)
     assert resp.status_code == 200 and resp.headers["Content-Type"] == "image/png"
-    assert resp.headers["Access-Control-Allow-Origin"] == "*"
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"  # a local dev page may read it
+    foreign = requests.get(server.url + path, headers={"Origin": "https://evil.example"}, timeout=5)
+    assert "Access-Control-Allow-Origin" not in foreign.headers
 
 
 def test_health(server):

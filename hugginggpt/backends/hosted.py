@@ -15,7 +15,7 @@ from typing import Any
 import requests
 
 from ..errors import BackendError
-from ..resources import save_bytes, save_image
+from ..resources import decode_image, save_bytes, save_image
 from . import TaskInputs
 from .normalize import draw_boxes, overlay_masks
 
@@ -143,10 +143,9 @@ def _image(value: Any) -> Any:
 
 
 def _segmentation(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
-    from PIL import Image
 
     segments = c.image_segmentation(_need(i, "image"), model=m)
-    base = Image.open(io.BytesIO(i.image.data)).convert("RGB")
+    base = decode_image(i.image.data, what="the input image")
     overlay = overlay_masks(base, [_image(seg.mask) for seg in segments])
     return {"generated image": h.save_image(overlay), "predicted": [{"label": s.label, "score": s.score} for s in segments]}
 

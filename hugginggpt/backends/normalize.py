@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import io
 import random
 from pathlib import Path
 from typing import Any
 
-from ..resources import save_image
+from ..resources import decode_image, save_image
 from . import TaskInputs
 
+FILE_KEYS = ("generated image", "generated audio", "generated video")
 PATH_KEY_BY_TASK = {
     "text-to-video": "generated video",
     "text-to-speech": "generated audio",
@@ -43,9 +43,9 @@ def normalize(task: str, raw: Any, inputs: TaskInputs, public_dir: Path) -> dict
 def draw_boxes(inputs: TaskInputs, predicted: list[dict[str, Any]], public_dir: Path) -> str | None:
     if inputs.image is None:
         return None
-    from PIL import Image, ImageDraw
+    from PIL import ImageDraw
 
-    image = Image.open(io.BytesIO(inputs.image.data)).convert("RGB")
+    image = decode_image(inputs.image.data, what="the input image")
     draw = ImageDraw.Draw(image)
     rng = random.Random(0)
     colors: dict[str, tuple[int, int, int]] = {}

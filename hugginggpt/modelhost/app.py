@@ -1,4 +1,4 @@
-"""Flask app of the local models server (JARVIS protocol plus `GET /models`)."""
+"""Flask app of the local models server (JARVIS protocol plus `GET /models` and its output files)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from ..access import bearer_ok, send_public_file
 from ..errors import BadRequest, ResourceError
+from ..resources import DEFAULT_MAX_PIXELS
+from ..urlpolicy import UrlPolicy
 from .handlers import Inputs, handle
 from .pool import ModelPool, ModelUnavailable
 from .registry import Registry
@@ -22,10 +25,25 @@ def _error(message: str, status: int) -> Response:
     return resp
 
 
-def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024) -> Flask:
+def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
+               token: str | None = None, policy: UrlPolicy | None = None,
+               max_pixels: int = DEFAULT_MAX_PIXELS) -> Flask:
+    """token: every route (files included) needs `Authorization: Bearer <token>` when set."""
     registry: Registry = pool.registry
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    tokens = (token,) if token else ()
+
+    @app.before_request
+    def authorize() -> Response | None:
+        if tokens and not bearer_ok(request.headers.get("Authorization"), tokens):
+            return _error("this models server needs `Authorization: Bearer <models_server_token>`", 401)
+        return None
+
+    @app.after_request
+    def no_sniff(resp: Response) -> Response:
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        return resp
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
@@ -67,7 +85,7 @@ def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 102
             return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
         if not registry.servable(spec):
             return _error(f"weights for {model_id} are not in {registry.models_dir / model_id}", 404)
-        inputs = Inputs(body=body, public_dir=public_dir)
+        inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
         try:
             with pool.use(spec) as loaded:
                 result = handle(spec.task, loaded, inputs)
@@ -79,5 +97,10 @@ def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 102
             log.exception("inference with %s failed", model_id)
             return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
         return jsonify(result)
+
+    @app.get("/<any(images, audios, videos):folder>/<name>")
+    def output_file(folder: str, name: str) -> Response:
+        """Files this server generated, for an orchestrator that runs on another machine."""
+        return send_public_file(public_dir, f"{folder}/{name}")
 
     return app

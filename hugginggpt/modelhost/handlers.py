@@ -15,7 +15,8 @@ import numpy as np
 
 from ..backends.normalize import overlay_masks
 from ..errors import BadRequest, ResourceError
-from ..resources import new_output_path, resolve, save_image
+from ..resources import DEFAULT_MAX_PIXELS, decode_image, new_output_path, resolve, save_image
+from ..urlpolicy import UrlPolicy
 from .pool import Loaded
 
 
@@ -25,6 +26,8 @@ class Inputs:
     public_dir: Path
     max_bytes: int = 20 * 1024 * 1024
     timeout: float = 15.0
+    policy: UrlPolicy | None = None  # for http(s) img_url / audio_url; None: the strict default
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def text(self, field: str = "text") -> str:
         value = self.body.get(field)
@@ -35,16 +38,11 @@ class Inputs:
         return value
 
     def image(self):
-        from PIL import Image, UnidentifiedImageError
-
         ref = self.body.get("img_url")
         if not isinstance(ref, str) or not ref:
             raise BadRequest("`img_url` is required: a public/ path, an http(s) URL or a data URI")
-        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout)
-        try:
-            return Image.open(io.BytesIO(res.data)).convert("RGB")
-        except (UnidentifiedImageError, OSError):
-            raise BadRequest("`img_url` is not a readable image") from None
+        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
+        return decode_image(res.data, self.max_pixels, what="`img_url`")
 
     def audio(self, rate: int = 16000) -> np.ndarray:
         import soundfile as sf
@@ -52,7 +50,7 @@ class Inputs:
         ref = self.body.get("audio_url")
         if not isinstance(ref, str) or not ref:
             raise BadRequest("`audio_url` is required: a public/ path, an http(s) URL or a data URI")
-        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout)
+        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
         try:
             data, sr = sf.read(io.BytesIO(res.data), dtype="float32", always_2d=True)
         except Exception:  # noqa: BLE001 - libsndfile raises its own types
