@@ -323,6 +323,10 @@ def _short(exc: Exception) -> str:
             return str(err["message"])[:300]
         if isinstance(err, str):
             return err[:300]
+    response = getattr(exc, "response", None)
+    text = getattr(response, "text", None) if response is not None else None
+    if isinstance(text, str) and text.strip():
+        return " ".join(text.split())[:300]
     return str(exc).splitlines()[0][:300] if str(exc) else exc.__class__.__name__
 
 

@@ -71,7 +71,8 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, what: str = 
     except ResourceError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ResourceError(f"{what} is too large to decode (decompression bomb)") from None
+        raise ResourceError(f"{what} is too large to decode (a decompression bomb?); "
+                            f"at most {max_pixels:,} pixels are accepted") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise ResourceError(f"{what} is not a readable image") from None
 

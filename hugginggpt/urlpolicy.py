@@ -61,10 +61,9 @@ def embedded_ipv4(addr: IPAddress) -> ipaddress.IPv4Address | None:
 def blocked_reason(addr: IPAddress) -> str | None:
     """Why a user-named URL may not reach `addr`, or None for a public address."""
     inner = embedded_ipv4(addr)
-    if inner is not None:
+    if inner is not None:  # the IPv6 form is only a way of writing the IPv4 address: judge that one
         reason = blocked_reason(inner)
-        if reason:
-            return f"{reason} (IPv4 {inner} inside {addr})"
+        return f"{reason} (IPv4 {inner} inside {addr})" if reason else None
     checks = (
         ("loopback", addr.is_loopback),
         ("unspecified", addr.is_unspecified),

@@ -110,3 +110,146 @@ def test_keys_never_reach_the_log_or_the_answer(server, llm):
     assert resp.status_code == 502
     assert secret not in resp.text and secret not in server.logs()
     assert llm.requests  # the key was used for the call...
+
+
+def bomb_png(width: int = 30_000, height: int = 30_000) -> bytes:
+    """A tiny PNG whose header claims a huge image: decoding it would take gigabytes."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr:ihdr + 17])) & 0xFFFFFFFF
+    data[ihdr + 17:ihdr + 21] = struct.pack(">I", crc)
+    return bytes(data)
+
+
+def test_deeply_nested_json_and_lone_surrogates_are_400(server, llm):
+    nested = '{"messages": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    resp = requests.post(server.url + "/tasks", data=nested, headers={"Content-Type": "application/json"}, timeout=10)
+    assert resp.status_code == 400 and "nested too deeply" in error_of(resp)
+    deep = '{"messages": ' + "[" * 5000 + "]" * 5000 + "}"
+    resp = requests.post(server.url + "/tasks", data=deep, headers={"Content-Type": "application/json"}, timeout=10)
+    assert resp.status_code == 400 and "nested too deeply" in error_of(resp)
+    lone = '{"messages": [{"role": "user", "content": "draw \\ud800 a cat"}]}'
+    resp = requests.post(server.url + "/tasks", data=lone, headers={"Content-Type": "application/json"}, timeout=10)
+    assert resp.status_code == 400 and "lone surrogate" in error_of(resp)
+    key = '{"messages": [{"role": "user", "content": "hi"}], "api_key": "\\udfff"}'
+    resp = requests.post(server.url + "/tasks", data=key, headers={"Content-Type": "application/json"}, timeout=10)
+    assert resp.status_code == 400 and "`api_key`" in error_of(resp)
+    assert llm.requests == []
+    assert requests.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_a_symlink_cannot_lead_out_of_public(server, public_dir):
+    link = public_dir / "examples" / "link-out.txt"
+    if not link.is_symlink():
+        link.symlink_to(public_dir.parent / "secret.txt")
+    resp = requests.get(server.url + "/examples/link-out.txt", timeout=5)
+    assert resp.status_code == 404 and "do not serve me" not in resp.text
+    assert requests.get(server.url + "/examples/red.png", timeout=5).status_code == 200
+
+
+def test_uploads_are_decoded_before_they_are_kept(server, public_dir):
+    import io
+
+    from PIL import Image
+
+    before = set((public_dir / "uploads").glob("*")) if (public_dir / "uploads").is_dir() else set()
+    fake = requests.post(server.url + "/upload", files={"file": ("x.png", b"\x89PNG\r\n\x1a\n<script>alert(1)</script>")},
+                         timeout=5)
+    assert fake.status_code == 400 and "not a readable image" in error_of(fake)
+    bomb = requests.post(server.url + "/upload", files={"file": ("bomb.png", bomb_png())}, timeout=5)
+    assert bomb.status_code == 400 and "pixels" in error_of(bomb)
+    noise = requests.post(server.url + "/upload", files={"file": ("a.wav", b"RIFF\x00\x00\x00\x00WAVEjunk")}, timeout=5)
+    assert noise.status_code == 400 and "audio" in error_of(noise)
+    after = set((public_dir / "uploads").glob("*")) if (public_dir / "uploads").is_dir() else set()
+    assert after == before  # nothing was kept
+    buf = io.BytesIO()
+    Image.new("RGB", (10, 10), (1, 2, 3)).save(buf, format="PNG")
+    ok = requests.post(server.url + "/upload", files={"file": ("ok.png", buf.getvalue())}, timeout=5)
+    assert ok.status_code == 200
+    served = requests.get(server.url + ok.json()["path"], timeout=5)
+    assert served.headers["X-Content-Type-Options"] == "nosniff" and served.headers["Content-Type"] == "image/png"
+
+
+def test_the_upload_quota_refuses_without_deleting(tmp_path, llm, models_server):
+    import io
+
+    from PIL import Image
+
+    from tests.conftest import make_public
+
+    _, models_url = models_server
+    public = make_public(tmp_path / "public")
+    config = write_config(tmp_path, llm.base_url, models_url, public, semantic_ranking=False, upload_quota_mb=0.01)
+    srv = start_server(config, tmp_path)
+    try:
+        kept = []
+        for seed in range(20):
+            buf = io.BytesIO()
+            Image.effect_noise((40, 40), 50 + seed).convert("RGB").save(buf, format="PNG")
+            resp = requests.post(srv.url + "/upload", files={"file": ("n.png", buf.getvalue())}, timeout=5)
+            if resp.status_code != 200:
+                break
+            kept.append(resp.json()["path"])
+        assert resp.status_code == 507 and "upload_quota_mb" in error_of(resp)
+        assert kept and all((public / p.lstrip("/")).is_file() for p in kept)
+        assert sum((public / p.lstrip("/")).stat().st_size for p in kept) <= 0.01 * 1024 * 1024
+    finally:
+        stop_server(srv)
+
+
+def test_a_decompression_bomb_is_a_400_on_the_models_server(tmp_path):
+    import base64
+
+    from tests.conftest import make_public
+    from tests.test_models_server import start_models_server
+
+    public = make_public(tmp_path / "public")
+    proc, url = start_models_server(tmp_path, tmp_path / "no-models", public, deployment="minimal")
+    try:
+        uri = "data:image/png;base64," + base64.b64encode(bomb_png()).decode()
+        resp = requests.post(url + "/models/canny-control", json={"img_url": uri}, timeout=30)
+        assert resp.status_code == 400 and "pixels" in resp.json()["error"]["message"]
+        ok = requests.post(url + "/models/canny-control", json={"img_url": "/examples/red.png"}, timeout=30)
+        assert ok.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_models_server_refuses_internal_urls(tmp_path):
+    from flask import Flask
+
+    from tests.conftest import make_public
+    from tests.fakes.llm_server import ThreadedServer
+    from tests.test_models_server import start_models_server
+
+    hits: list[str] = []
+    inside = Flask("inside")
+
+    @inside.get("/red.png")
+    def red():
+        hits.append("red")
+        return (public / "examples" / "red.png").read_bytes()
+
+    inner = ThreadedServer(inside).start()
+    public = make_public(tmp_path / "public")
+    proc, url = start_models_server(tmp_path, tmp_path / "no-models", public, deployment="minimal")
+    try:
+        for form in ("127.0.0.1", "[::ffff:127.0.0.1]", "127.1"):
+            resp = requests.post(url + "/models/canny-control",
+                                 json={"img_url": f"http://{form}:{inner.port}/red.png"}, timeout=30)
+            assert resp.status_code == 400 and "refusing" in resp.json()["error"]["message"]
+        assert hits == []
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        inner.stop()

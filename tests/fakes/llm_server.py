@@ -63,6 +63,8 @@ class ScriptedLLM:
     rules: list[Rule] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
+    failure_body: str | None = None  # the body of those failures (default: a JSON error)
+    raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
 
@@ -83,8 +85,10 @@ class ScriptedLLM:
             self.rules.clear()
             self.requests.clear()
             self.failures.clear()
+            self.failure_body = None
+            self.raw_reply = None
 
-    def _answer(self, body: dict[str, Any]) -> tuple[str, float]:
+    def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, float]:
         messages = body.get("messages")
         if messages is None:  # completion API: recover the stage from the rendered prompt
             prompt = body.get("prompt", "")
@@ -93,7 +97,8 @@ class ScriptedLLM:
         stage = stage_of(messages)
         text = "\n".join(m["content"] for m in messages)
         with self.lock:
-            self.requests.append({"stage": stage, "body": body, "time": time.perf_counter()})
+            self.requests.append({"stage": stage, "body": body, "time": time.perf_counter(),
+                                  "headers": headers or {}})
             for rule in self.rules:
                 if rule.stage == stage and (rule.contains is None or rule.contains in text):
                     if rule.times is not None:
@@ -112,19 +117,27 @@ class ScriptedLLM:
                 status = self.failures.pop(0) if self.failures else None
             if status is None:
                 return None
+            if self.failure_body is not None:
+                return Response(self.failure_body, status=status, mimetype="text/plain")
             resp = jsonify({"error": {"message": f"scripted failure {status}", "type": "server_error"}})
             resp.status_code = status
             resp.headers["retry-after-ms"] = "10"
             return resp
 
         @app.post("/v1/chat/completions")
-        def chat() -> Response:
+        @app.post("/openai/deployments/<deployment>/chat/completions")  # Azure's path
+        def chat(deployment: str | None = None) -> Response:
             body = request.get_json(force=True)
             failed = failure()
             if failed is not None:
-                self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter()})
+                self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter(),
+                                      "headers": dict(request.headers)})
                 return failed
-            reply, delay = self._answer(body)
+            if self.raw_reply is not None:
+                self.requests.append({"stage": "raw", "body": body, "time": time.perf_counter(),
+                                      "headers": dict(request.headers)})
+                return Response(self.raw_reply, mimetype="text/html")
+            reply, delay = self._answer(body, dict(request.headers))
             if delay:
                 time.sleep(delay)
             if body.get("stream"):

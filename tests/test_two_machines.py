@@ -1,0 +1,154 @@
+"""The models server on "another machine": its own public/ folder, a token, and outputs that travel.
+
+The real models_server.py runs tiny models with one public/ folder; the orchestrator runs with another.
+A chain (edge map -> classify the edge map) must work, and every file the answer names must be one the
+orchestrator itself serves.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from PIL import Image
+
+from tests.conftest import ROOT, free_port, make_public, start_server, stop_server, write_config
+from tests.fakes.llm_server import ThreadedServer
+from tests.tiny_models import BUILDERS
+
+TOKEN = "models-token-7f3a"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def gpu_box(tmp_path_factory):
+    """The models server with its own folders, as on a separate GPU machine."""
+    box = tmp_path_factory.mktemp("gpu-box")
+    models_dir = box / "models"
+    BUILDERS["google/vit-base-patch16-224"](models_dir / "google/vit-base-patch16-224")
+    public = make_public(box / "public")
+    port = free_port()
+    config = box / "models.yaml"
+    config.write_text(f"root: {ROOT}\npublic_dir: {public}\nlocal_models_dir: {models_dir}\n"
+                      f"local_deployment: standard\ndevice: cpu\nmodels_server_token: {TOKEN}\n"
+                      f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}\n")
+    log = (box / "models.log").open("w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=box)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if requests.get(url + "/running", headers=AUTH, timeout=1).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError((box / "models.log").read_text())
+    yield url, public
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def orchestrator(tmp_path, llm, gpu_box):
+    url, _ = gpu_box
+    own_public = make_public(tmp_path / "orchestrator-public")
+    config = write_config(tmp_path, llm.base_url, url, own_public, local_deployment="standard",
+                          semantic_ranking=False, models_server_token=TOKEN)
+    srv = start_server(config, tmp_path)
+    yield srv, own_public
+    stop_server(srv)
+
+
+def test_a_chain_runs_across_two_public_folders(orchestrator, gpu_box, llm):
+    srv, own_public = orchestrator
+    _, box_public = gpu_box
+    llm.on("parse_task", json.dumps([
+        {"task": "canny-control", "id": 0, "dep": [-1], "args": {"image": "/examples/red.png"}},
+        {"task": "image-classification", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+    ]))
+    resp = srv.post("/hugginggpt", {"messages": [{"role": "user", "content": "edges, then classify them"}]},
+                    timeout=120)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()["message"]
+    results = srv.post("/results", {"messages": [{"role": "user", "content": "edges, then classify them"}]},
+                       timeout=120).json()
+    edge = results["0"]["inference result"]["generated image"]
+    assert edge.startswith("/images/")
+    # the orchestrator holds and serves the file; the dependent task read it
+    assert (own_public / edge.lstrip("/")).is_file()
+    served = requests.get(srv.url + edge, timeout=5)
+    assert served.status_code == 200
+    assert Image.open(io.BytesIO(served.content)).size == (80, 60)
+    assert "error" not in results["1"]["inference result"], results["1"]
+    assert results["1"]["task"]["args"]["image"] == edge
+    labels = {p["label"] for p in results["1"]["inference result"]["predicted"]}
+    assert labels <= {"tabby cat", "golden retriever", "rocket"}
+    # the models server wrote its own copy in its own folder (two separate disks)
+    assert list((box_public / "images").glob("*.png"))
+    # every file the answer names is one the orchestrator serves
+    for path in {p for p in answer.split() if p.strip("'\",.()[]{}").startswith("/images/")}:
+        assert requests.get(srv.url + path.strip("'\",.()[]{}"), timeout=5).status_code == 200
+
+
+def test_the_models_server_serves_outputs_only_with_its_token_and_only_inside_public(gpu_box):
+    url, box_public = gpu_box
+    data = base64.b64encode((box_public / "examples" / "red.png").read_bytes()).decode()
+    made = requests.post(url + "/models/canny-control", json={"img_url": f"data:image/png;base64,{data}"},
+                         headers=AUTH, timeout=60).json()["path"]
+    assert requests.get(url + made, timeout=5).status_code == 401
+    got = requests.get(url + made, headers=AUTH, timeout=5)
+    assert got.status_code == 200 and got.headers["X-Content-Type-Options"] == "nosniff"
+    (box_public / "images" / "escape.png").symlink_to(box_public.parent / "models.yaml")
+    assert requests.get(url + "/images/escape.png", headers=AUTH, timeout=5).status_code == 404
+    assert requests.get(url + "/images/..%2fmodels.yaml", headers=AUTH, timeout=5).status_code == 404
+
+
+def test_a_result_url_is_fetched_under_the_url_policy(tmp_path, llm):
+    """A models server answering {"path": "http://<internal>"} does not make the orchestrator fetch it."""
+    from flask import Flask, jsonify
+
+    hits: list[str] = []
+    inside = Flask("inside")
+
+    @inside.get("/secret.png")
+    def secret():
+        hits.append("secret")
+        return "internal"
+
+    inner = ThreadedServer(inside).start()
+    rogue = Flask("rogue-models")
+
+    @rogue.get("/running")
+    def running():
+        return jsonify({"running": True})
+
+    @rogue.get("/status/<path:mid>")
+    def status(mid):
+        return jsonify({"loaded": True})
+
+    @rogue.post("/models/<path:mid>")
+    def infer(mid):
+        return jsonify({"path": inner.url + "/secret.png"})
+
+    rogue_srv = ThreadedServer(rogue).start()
+    public = make_public(tmp_path / "public")
+    srv = start_server(write_config(tmp_path, llm.base_url, rogue_srv.url, public, semantic_ranking=False), tmp_path)
+    try:
+        llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "x"}}]))
+        results = srv.post("/results", {"messages": [{"role": "user", "content": "draw x"}]}).json()
+        message = results["0"]["inference result"]["error"]["message"]
+        assert "output URL" in message and "refusing" in message
+        assert hits == []
+    finally:
+        stop_server(srv)
+        rogue_srv.stop()
+        inner.stop()
+
