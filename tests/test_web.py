@@ -108,3 +108,30 @@ def test_settings_key_is_sent_but_never_echoed(server, llm, page):
     assert "sk-browser-secret-123456" not in page.content().replace('value="sk-browser-secret-123456"', "")
     assert "sk-browser-secret-123456" not in server.logs()
     assert Path(server.log).exists()
+
+
+def test_the_page_sends_the_server_token_from_its_settings(tmp_path, llm, models, models_server, public_dir, page):
+    """With api_tokens on, the page says what is wrong without a token and works once one is entered."""
+    from tests.conftest import start_server, stop_server, write_config
+
+    _, models_url = models_server
+    srv = start_server(write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                                    api_tokens=["web-token-42"]), tmp_path)
+    try:
+        llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}]))
+        page.goto(srv.url + "/")
+        page.fill("#input", "draw a fox")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#chat .msg.error", timeout=15000)
+        assert "Bearer" in page.inner_text("#chat .msg.error")
+        assert page.locator("#settings").get_attribute("open") is not None  # settings opened for the token
+        assert llm.requests == []
+        page.fill("#server_token", "web-token-42")
+        page.fill("#input", "draw a fox")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
+        src = page.locator('.task[data-id="0"] img').get_attribute("src")
+        assert src.startswith("/images/")
+        assert page.evaluate("s => fetch(s).then(r => r.status)", src) == 200
+    finally:
+        stop_server(srv)
