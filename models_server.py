@@ -29,15 +29,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(config.debug, None)
     from hugginggpt.modelhost.app import create_app
+    from hugginggpt.modelhost.device import resolve_device
     from hugginggpt.modelhost.pool import ModelPool
     from hugginggpt.modelhost.registry import Registry
 
+    device, warning = resolve_device(config.device)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     registry = Registry(config.local_deployment, config.local_models_dir)
     budget = int(config.memory_budget_gb * 1024**3) if config.memory_budget_gb else None
-    pool = ModelPool(registry, config.device, budget)
+    pool = ModelPool(registry, device, budget)
     servable = [s for s in registry.specs.values() if registry.servable(s)]
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
-          f"from {config.local_models_dir} on {config.device}", file=sys.stderr, flush=True)
+          f"from {config.local_models_dir} on {device}", file=sys.stderr, flush=True)
     if args.preload:
         pool.preload(servable)
     from waitress import serve

@@ -28,7 +28,7 @@ from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan
 from .prompts import PromptSet
 from .resources import Resource, resolve
 from .respond import write_answer
-from .scheduler import DONE, Outcome, Scheduler, TaskFailed
+from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
 from .select import Availability, Selection, Selector, control_task_fixup
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,7 @@ class RequestState:
         self.selections: dict[int, Future] = {}
         self.scheduler: Scheduler | None = None
         self.cancelled = threading.Event()
+        self.sealed = False  # set under `lock` when execution ends: late task results are dropped
 
     def emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._sink is None:
@@ -237,7 +238,8 @@ class HuggingGPT:
         if mode == "decisions":
             return self.decisions(state, plan)
         self.execute(state, plan)
-        results = {tid: state.results[tid] for tid in sorted(state.results)}
+        with state.lock:
+            results = {tid: state.results[tid] for tid in sorted(state.results)}
         if state.cancelled.is_set():
             log.info("[%s] cancelled; no answer written", rid)
             return {"message": "", "cancelled": True}
@@ -347,7 +349,8 @@ class HuggingGPT:
         def body(tid: int) -> dict[str, Any]:
             result = self.run_task(state, by_id[tid])
             with state.lock:
-                state.results[tid] = result
+                if not state.sealed:
+                    state.results[tid] = result
             if "error" in result["inference result"]:
                 raise TaskFailed(_message(result["inference result"]["error"]), result)
             return result
@@ -371,9 +374,12 @@ class HuggingGPT:
             scheduler.cancel()
         remaining = state.deadline - time.monotonic()
         outcomes = scheduler.run(timeout=max(0.1, remaining))
-        for tid, outcome in outcomes.items():
-            if outcome.state != DONE and tid not in state.results:
-                state.results[tid] = collect_result(by_id[tid], "", {"error": {"message": outcome.error or outcome.state}})
+        with state.lock:  # the outcome is the truth: a task that timed out has no result, even if it wrote one
+            state.sealed = True
+            for tid, outcome in outcomes.items():
+                if outcome.state not in (DONE, FAILED) or tid not in state.results:
+                    state.results[tid] = collect_result(by_id[tid], "", {"error": {"message": outcome.error
+                                                                                    or outcome.state}})
         state.outcomes = outcomes  # type: ignore[attr-defined] - kept for timing measurements
         return outcomes
 

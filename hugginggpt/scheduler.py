@@ -101,6 +101,11 @@ class Scheduler:
         self._pool.shutdown(wait=False, cancel_futures=True)
         return result
 
+    def outcomes(self) -> dict[int, Outcome]:
+        """A copy of every task's outcome now (also after `run` returned)."""
+        with self._lock:
+            return {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
+
     def cancel(self, reason: str = "cancelled by the client") -> None:
         with self._lock:
             if not self._closed:

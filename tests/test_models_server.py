@@ -20,10 +20,10 @@ from tests.tiny_models import build_all
 
 
 def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
-                        budget_gb: float | None = None) -> tuple[subprocess.Popen, str]:
+                        budget_gb: float | None = None, device: str = "cpu") -> tuple[subprocess.Popen, str]:
     port = free_port()
     lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {models_dir}",
-             f"local_deployment: {deployment}", "device: cpu", "openai: {api_key: unused}",
+             f"local_deployment: {deployment}", f"device: {device}", "openai: {api_key: unused}",
              f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}"]
     if budget_gb is not None:
         lines.append(f"memory_budget_gb: {budget_gb}")

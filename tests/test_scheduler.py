@@ -98,3 +98,52 @@ def test_cancel_stops_waiting():
 
 def test_empty_graph_returns_at_once():
     assert Scheduler({}, lambda t: t).run(timeout=1) == {}
+
+
+def test_a_task_finishing_after_the_deadline_keeps_its_timeout():
+    """The deadline settled task 0 as timed out; its late finish must not rewrite that or emit events."""
+    events: list[tuple[str, int]] = []
+    body, times = recorder({0: 0.6})
+    sched = Scheduler({0: [], 1: [0]}, body, on_event=lambda name, p: events.append((name, p["id"])))
+    outcomes = sched.run(timeout=0.2)
+    assert outcomes[0].state == TIMEOUT and outcomes[1].state == TIMEOUT
+    time.sleep(0.7)  # task 0's body returns meanwhile
+    assert 0 in times  # it did finish...
+    later = sched.outcomes()
+    assert later[0].state == TIMEOUT and later[0].result is None  # ...but its outcome stands
+    assert later[1].state == TIMEOUT
+    assert ("task_finished", 0) not in events and ("task_started", 1) not in events
+
+
+def test_a_late_result_never_replaces_the_timeout_record(tmp_path, llm):
+    """At the request level: the task that ran past the deadline is reported as such, with no result."""
+    import json
+
+    from hugginggpt.catalog import KeywordRanker
+    from hugginggpt.chat import ChatRequest, HuggingGPT
+    from hugginggpt.config import load_config
+    from tests.conftest import make_public, write_config
+
+    class SlowLocal:
+        name = "local"
+
+        def is_available(self, model_id: str) -> bool:
+            return True
+
+        def infer(self, model_id, inputs):
+            time.sleep(1.6)
+            return {"predicted": [{"label": "late"}]}
+
+    public = make_public(tmp_path / "public")
+    config = load_config(write_config(tmp_path, llm.base_url, "http://127.0.0.1:9", public, request_timeout=1.0))
+    engine = HuggingGPT(config, ranker=KeywordRanker(), backends={"local": SlowLocal()})
+    llm.on("parse_task", json.dumps([{"task": "image-classification", "id": 0, "dep": [-1],
+                                      "args": {"image": "/examples/red.png"}}]))
+    states = []
+    results = engine.run(ChatRequest.from_body({"messages": [{"role": "user", "content": "classify"}]}), "results",
+                         state_ready=states.append)
+    assert "deadline" in results[0]["inference result"]["error"]["message"]
+    time.sleep(1.2)  # the backend call returns now, after the request ended
+    with states[0].lock:
+        record = states[0].results[0]
+    assert "predicted" not in record["inference result"] and "error" in record["inference result"]

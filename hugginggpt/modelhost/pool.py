@@ -140,6 +140,7 @@ class ModelPool:
         self._locks: dict[str, threading.Lock] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self.evictions: list[str] = []
+        self.peak_bytes = 0  # most memory held by loaded models at any time
 
     def _lock_for(self, model_id: str) -> threading.Lock:
         with self._guard:
@@ -158,6 +159,7 @@ class ModelPool:
                 if entry is not None:
                     self._loaded.move_to_end(spec.id)
             if entry is None:
+                self._make_room(spec)
                 log.info("loading %s (%s) on %s", spec.id, spec.task, self.device)
                 t0 = time.perf_counter()
                 obj = load(spec, self.registry, self.device)
@@ -165,11 +167,20 @@ class ModelPool:
                 log.info("loaded %s in %.1fs (%.1f MB)", spec.id, entry.load_seconds, entry.nbytes / 1e6)
                 with self._guard:
                     self._loaded[spec.id] = entry
-                self._evict(keep=spec.id)
+                    self.peak_bytes = max(self.peak_bytes, sum(e.nbytes for e in self._loaded.values()))
+                self._evict(keep=spec.id)  # the size was unknown or larger than the files said
             yield entry
 
-    def _evict(self, keep: str) -> None:
-        """Drop least recently used models (not busy) until the total fits the budget."""
+    def _make_room(self, spec: ModelSpec) -> None:
+        """The budget is a ceiling: when the new model's size is known, evict before loading it."""
+        if self.budget is None:
+            return
+        size = self.registry.expected_bytes(spec)
+        if size:
+            self._evict(keep=spec.id, incoming=size)
+
+    def _evict(self, keep: str, incoming: int = 0) -> None:
+        """Drop least recently used models (not busy) until the total plus `incoming` fits the budget."""
         if self.budget is None:
             return
         with self._guard:
@@ -177,7 +188,7 @@ class ModelPool:
         for mid in order:
             with self._guard:
                 total = sum(e.nbytes for e in self._loaded.values())
-            if total <= self.budget:
+            if total + incoming <= self.budget:
                 return
             lock = self._lock_for(mid)
             if not lock.acquire(blocking=False):

@@ -107,6 +107,18 @@ class Registry:
             return default_model_path()
         return None
 
+    def expected_bytes(self, spec: ModelSpec) -> int | None:
+        """The weights' size on disk (what loading will take, in float32), or None when unknown."""
+        path = self.weights_path(spec)
+        if path is None:
+            return None
+        suffixes = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+        files = [f for f in path.rglob("*") if f.is_file() and f.suffix in suffixes]
+        if spec.base_model:
+            base = self.models_dir / spec.base_model
+            files += [f for f in base.rglob("*") if f.is_file() and f.suffix in suffixes]
+        return sum(f.stat().st_size for f in files) or None
+
     def servable(self, spec: ModelSpec) -> bool:
         if not spec.needs_weights:
             return True

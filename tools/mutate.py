@@ -1,0 +1,206 @@
+"""Hand mutation audit: break one behaviour at a time and check that some test fails.
+
+    python tools/mutate.py            # every mutation in the list, report survivors (exit 1 if any)
+    python tools/mutate.py --list     # names only
+    python tools/mutate.py ssrf-check-removed lru-evicts-newest   # just these
+
+The list below is the spec: each entry names a behaviour we claim, the one-line change that breaks it,
+and the tests that should catch it. A mutation "survives" when those tests still pass. The source file is
+restored after each run, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # -- from the review's audit of main ----------------------------------------------------------------
+    Mutation("ssrf-check-removed", "hugginggpt/urlpolicy.py",
+             "                reason = blocked_reason(addr)\n",
+             "                reason = None\n",
+             ("tests/test_urlpolicy.py", "tests/test_bad_input.py::test_the_models_server_refuses_internal_urls")),
+    Mutation("ranking-by-popularity", "hugginggpt/catalog.py",
+             "        return [c for c, _ in ranker.rank(query, cards)][:limit]",
+             "        return sorted(cards, key=lambda c: -c.likes)[:limit]",
+             ("tests/test_ranking.py", "tests/test_selection.py")),
+    Mutation("ranking-reversed", "hugginggpt/catalog.py",
+             "        return [c for c, _ in ranker.rank(query, cards)][:limit]",
+             "        return [c for c, _ in ranker.rank(query, cards)][::-1][:limit]",
+             ("tests/test_ranking.py", "tests/test_selection.py")),
+    Mutation("invalid-llm-choice-takes-last", "hugginggpt/select.py",
+             "        if chosen is None:\n            mid, b = kept[0]",
+             "        if chosen is None:\n            mid, b = kept[-1]",
+             ("tests/test_selection.py",)),
+    Mutation("num-candidates-ignored", "hugginggpt/select.py",
+             "                if len(kept) < self.num_candidates and m not in [k for k, _ in kept]:",
+             "                if m not in [k for k, _ in kept]:",
+             ("tests/test_selection.py",)),
+    Mutation("status-cache-never-expires", "hugginggpt/select.py",
+             "            if hit and hit[1] > now:",
+             "            if hit:",
+             ("tests/test_selection.py",)),
+    Mutation("generated-priorities-reversed", "hugginggpt/chat.py",
+             '                for k in keys:\n',
+             '                for k in reversed(keys):\n',
+             ("tests/test_generated_refs.py",)),
+    Mutation("generated-fallback-removed", "hugginggpt/chat.py",
+             '                if key in dep["task"]["args"] and "<GENERATED>" not in dep["task"]["args"][key]:',
+             '                if False:',
+             ("tests/test_generated_refs.py",)),
+    Mutation("json-500-reraises", "hugginggpt/server.py",
+             '        log.exception("unexpected error")\n        return error_response(',
+             '        raise exc\n        return error_response(',
+             ("tests/test_bad_input.py",)),
+    Mutation("health-returns-key", "hugginggpt/config.py",
+             '            "api_key": "set" if self.api_key else "unset",',
+             '            "api_key": self.api_key,',
+             ("tests/test_routes.py", "tests/test_keys_and_access.py")),
+    Mutation("lru-evicts-newest", "hugginggpt/modelhost/pool.py",
+             "            order = [mid for mid in self._loaded if mid != keep]",
+             "            order = [mid for mid in reversed(self._loaded) if mid != keep]",
+             ("tests/test_pool.py",)),
+    Mutation("late-task-overwrites-outcome", "hugginggpt/scheduler.py",
+             "        with self._lock:\n            if self._closed:\n                return\n            ready, skipped",
+             "        with self._lock:\n            ready, skipped",
+             ("tests/test_scheduler.py",)),
+    Mutation("late-result-overwrites-record", "hugginggpt/chat.py",
+             "                if not state.sealed:\n                    state.results[tid] = result",
+             "                if True:\n                    state.results[tid] = result",
+             ("tests/test_scheduler.py", "tests/test_pipeline.py")),
+    # -- this project's deployment checks ---------------------------------------------------------------
+    Mutation("allowlist-prefix-compare", "hugginggpt/urlpolicy.py",
+             "        return any(addr in net or (inner is not None and inner in net) for net in self.allow_networks)",
+             "        return any(str(addr).startswith(str(net.network_address)) for net in self.allow_networks)",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("redirects-not-rechecked", "hugginggpt/urlpolicy.py",
+             "    for _ in range(MAX_REDIRECTS + 1):\n        target = policy.check(url)",
+             "    first = policy.check(url)\n    for _ in range(MAX_REDIRECTS + 1):\n"
+             "        target = first if url == first.url else UrlPolicy(resolver=policy.resolver, "
+             "allow_networks=(__import__('ipaddress').ip_network('0.0.0.0/0'),)).check(url)",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("ipv4-mapped-not-unwrapped", "hugginggpt/urlpolicy.py",
+             "    if addr.ipv4_mapped is not None:\n        return addr.ipv4_mapped",
+             "    if False:\n        return addr.ipv4_mapped",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("connect-by-name", "hugginggpt/urlpolicy.py",
+             "        return Target(url=url, scheme=scheme, host=host, port=port, address=addresses[0],",
+             "        return Target(url=url, scheme=scheme, host=host, port=port, address=host,",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("key-follows-request-endpoint", "hugginggpt/llm.py",
+             "            changes.update(endpoint=endpoint, api_key=api_key, trusted=False)",
+             "            changes.update(endpoint=endpoint, trusted=False)",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("request-endpoint-errors-echoed", "hugginggpt/llm.py",
+             "        if not self.settings.trusted:\n            return f\"{self.describe} answered HTTP {exc.status_code}\"",
+             "        if False:\n            return f\"{self.describe} answered HTTP {exc.status_code}\"",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("token-check-removed", "hugginggpt/server.py",
+             "        if config.api_tokens:\n            header = request.headers.get(\"Authorization\")",
+             "        if False:\n            header = request.headers.get(\"Authorization\")",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("origin-check-removed", "hugginggpt/server.py",
+             "        if origin and not origin_allowed(origin):",
+             "        if False:",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("text-plain-accepted", "hugginggpt/server.py",
+             "        if not request.is_json:",
+             "        if False:",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("outputs-not-copied", "hugginggpt/backends/local.py",
+             "        if (self.public_dir / folder / name).is_file():  # the two servers share one public/",
+             "        if True:",
+             ("tests/test_two_machines.py",)),
+    Mutation("models-server-token-ignored", "hugginggpt/modelhost/app.py",
+             "        if tokens and not bearer_ok(request.headers.get(\"Authorization\"), tokens):",
+             "        if False:",
+             ("tests/test_keys_and_access.py::test_the_models_server_needs_its_token",)),
+    Mutation("llm-ignores-deadline", "hugginggpt/llm.py",
+             "        kwargs.setdefault(\"deadline\", self.deadline)",
+             "        kwargs.setdefault(\"deadline\", None)",
+             ("tests/test_keys_and_access.py",)),
+    Mutation("static-follows-symlinks", "hugginggpt/server.py",
+             "        return send_public_file(public, filename)",
+             "        return send_from_directory(public, filename)",
+             ("tests/test_bad_input.py",)),
+    Mutation("upload-not-decoded", "hugginggpt/uploads.py",
+             "        if kind == \"image\":\n            decode_image(data, self.max_pixels, what=\"the uploaded image\")",
+             "        if False:\n            decode_image(data, self.max_pixels, what=\"the uploaded image\")",
+             ("tests/test_bad_input.py",)),
+    Mutation("pixel-limit-removed", "hugginggpt/resources.py",
+             "            if width * height > max_pixels:",
+             "            if False:",
+             ("tests/test_bad_input.py",)),
+    Mutation("memory-budget-after-load", "hugginggpt/modelhost/pool.py",
+             "                self._make_room(spec)\n",
+             "",
+             ("tests/test_pool.py",)),
+    Mutation("cuda-without-fallback", "hugginggpt/modelhost/device.py",
+             "    if not torch.cuda.is_available():",
+             "    if False:",
+             ("tests/test_pool.py",)),
+)
+
+
+def run(m: Mutation, timeout: float) -> tuple[str, float]:
+    path = ROOT / m.path
+    original = path.read_text()
+    count = original.count(m.old)
+    if count != 1:
+        return f"STALE (the text to mutate occurs {count} times in {m.path})", 0.0
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(m.old, m.new))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        verdict = "killed" if proc.returncode != 0 else "SURVIVED"
+        if proc.returncode not in (0, 1):
+            verdict = f"killed (pytest exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        verdict = "killed (timeout)"
+    finally:
+        path.write_text(original)
+    return verdict, time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help="run only these mutations")
+    parser.add_argument("--list", action="store_true", help="print the mutation names and exit")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation (default %(default)s)")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    if unknown:
+        print(f"unknown mutation(s): {', '.join(sorted(unknown))}; see --list", file=sys.stderr)
+        return 2
+    if args.list:
+        print("\n".join(m.name for m in chosen))
+        return 0
+    survivors = 0
+    for m in chosen:
+        verdict, seconds = run(m, args.timeout)
+        survivors += verdict != "killed" and not verdict.startswith("killed")
+        print(f"{m.name:34s} {verdict} ({seconds:.0f}s)", flush=True)
+    print(f"{len(chosen) - survivors} of {len(chosen)} mutations killed, {survivors} survived or stale")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
