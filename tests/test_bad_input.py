@@ -253,3 +253,29 @@ def test_the_models_server_refuses_internal_urls(tmp_path):
         proc.terminate()
         proc.wait(10)
         inner.stop()
+
+
+def test_an_unexpected_crash_is_a_json_500_and_the_server_keeps_serving(tmp_path, llm, models_server):
+    """A bug inside a stage must give a JSON 500 that names no internals, not an HTML page or a traceback."""
+    from hugginggpt.catalog import KeywordRanker
+    from hugginggpt.chat import HuggingGPT
+    from hugginggpt.config import load_config
+    from hugginggpt.server import create_app
+    from tests.conftest import make_public
+    from tests.fakes.llm_server import ThreadedServer
+
+    class Crashing(HuggingGPT):
+        def run(self, request, mode="answer", on_event=None, state_ready=None):
+            raise KeyError("internal detail 42")
+
+    _, models_url = models_server
+    config = load_config(write_config(tmp_path, llm.base_url, models_url, make_public(tmp_path / "public")))
+    srv = ThreadedServer(create_app(config, Crashing(config, ranker=KeywordRanker()))).start()
+    try:
+        resp = requests.post(srv.url + "/tasks", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+        assert resp.status_code == 500 and resp.headers["Content-Type"].startswith("application/json")
+        message = error_of(resp)
+        assert "internal error (KeyError)" in message and "internal detail 42" not in resp.text
+        assert requests.get(srv.url + "/health", timeout=5).status_code == 200
+    finally:
+        srv.stop()

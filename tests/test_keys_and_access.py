@@ -54,6 +54,12 @@ def auth_of(record: dict) -> str:
     return {k.lower(): v for k, v in record["headers"].items()}.get("authorization", "")
 
 
+def test_health_names_no_key(home):
+    health = requests.get(home.url + "/health", timeout=5)
+    assert health.status_code == 200 and health.json()["llm"]["api_key"] == "set"
+    assert HOME_KEY not in health.text and HOME_KEY[:12] not in health.text
+
+
 def test_the_configured_key_goes_only_to_the_configured_endpoint(home, llm, other_llm):
     other_llm.on("parse_task", plan(("text-to-image", [-1], {"text": "elsewhere"})))
     tasks = home.post("/tasks", ask("draw", api_endpoint=other_llm.base_url + "/v1")).json()

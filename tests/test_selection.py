@@ -1,0 +1,116 @@
+"""Model selection end to end over HTTP: ranking order, the candidate limit, the LLM's choice, the status cache."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hugginggpt.select import Availability
+from tests.conftest import start_server, stop_server, write_config
+
+# Four text-to-image models: the most popular is the least fitting for a photo request.
+CARDS = [
+    {"id": "pop/anime-diffusion", "task": "text-to-image", "likes": 90000, "downloads": 9000000,
+     "description": "Anime style illustrations and cartoon characters", "tags": ["anime"], "language": ["en"]},
+    {"id": "mid/watercolor-diffusion", "task": "text-to-image", "likes": 3000, "downloads": 40000,
+     "description": "Soft watercolor paintings of landscapes", "tags": ["painting"], "language": ["en"]},
+    {"id": "mid/sketch-diffusion", "task": "text-to-image", "likes": 2000, "downloads": 30000,
+     "description": "Pencil sketches and line drawings", "tags": ["sketch"], "language": ["en"]},
+    {"id": "niche/photoreal-diffusion", "task": "text-to-image", "likes": 3, "downloads": 50,
+     "description": "Photorealistic photographs of people, portrait photography of an old fisherman style",
+     "tags": ["photorealistic", "photograph", "portrait"], "language": ["en"]},
+]
+REQUEST = "a photorealistic portrait photograph of an old fisherman"
+
+
+@pytest.fixture
+def catalog_server(tmp_path, llm, models, models_server, public_dir):
+    catalog = tmp_path / "catalog.jsonl"
+    catalog.write_text("\n".join(json.dumps(c) for c in CARDS) + "\n")
+    models.models = {c["id"]: c["task"] for c in CARDS}
+    _, models_url = models_server
+    servers = {}
+
+    def start(candidates: int):
+        if candidates not in servers:
+            folder = tmp_path / f"n{candidates}"
+            folder.mkdir()
+            config = write_config(folder, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                                  catalog=str(catalog), num_candidate_models=candidates)
+            servers[candidates] = start_server(config, folder)
+        return servers[candidates]
+
+    yield start
+    for srv in servers.values():
+        stop_server(srv)
+
+
+def decide(srv, llm) -> dict:
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": REQUEST}}]))
+    body = {"messages": [{"role": "user", "content": REQUEST}], "return_decisions": True}
+    return srv.post("/hugginggpt", body).json()["decisions"]["model_selections"]["0"]
+
+
+def test_the_ranker_orders_candidates_not_popularity(catalog_server, llm):
+    """One candidate kept: the request's best match wins, although it has the fewest likes."""
+    choice = decide(catalog_server(1), llm)
+    assert choice["selected_model"] == "niche/photoreal-diffusion"
+    assert choice["available_candidates"]["local"] == ["niche/photoreal-diffusion"]
+    assert llm.stage_requests("choose_model") == []  # a single candidate needs no LLM call
+
+
+def test_num_candidate_models_limits_what_the_llm_sees(catalog_server, llm):
+    llm.on("choose_model", json.dumps({"id": "niche/photoreal-diffusion", "reason": "photo"}))
+    choice = decide(catalog_server(2), llm)
+    assert len(choice["available_candidates"]["local"]) == 2
+    assert choice["available_candidates"]["local"][0] == "niche/photoreal-diffusion"
+    prompt = llm.stage_requests("choose_model")[-1]["body"]["messages"][-1]["content"]
+    shown = [c["id"] for c in CARDS if c["id"] in prompt]
+    assert len(shown) == 2 and "niche/photoreal-diffusion" in shown
+
+
+def test_an_invalid_llm_choice_falls_back_to_the_top_ranked(catalog_server, llm):
+    llm.on("choose_model", json.dumps({"id": "someone/else-entirely", "reason": "made up"}))
+    choice = decide(catalog_server(4), llm)
+    assert len(choice["available_candidates"]["local"]) == 4
+    assert choice["selected_model"] == "niche/photoreal-diffusion"
+    assert "top-ranked" in choice["reason"]
+
+
+def test_a_valid_llm_choice_is_taken(catalog_server, llm):
+    llm.on("choose_model", json.dumps({"id": "mid/sketch-diffusion", "reason": "the user likes sketches"}))
+    choice = decide(catalog_server(4), llm)
+    assert choice["selected_model"] == "mid/sketch-diffusion" and choice["reason"] == "the user likes sketches"
+
+
+class CountingBackend:
+    """A backend whose status answers are counted (plain data, no network)."""
+
+    name = "local"
+
+    def __init__(self):
+        self.calls = 0
+
+    def is_available(self, model_id: str) -> bool:
+        self.calls += 1
+        return True
+
+    def infer(self, model_id, inputs):  # pragma: no cover - never run here
+        raise AssertionError("not used")
+
+
+def test_the_status_cache_expires():
+    backend = CountingBackend()
+    availability = Availability({"local": backend}, ttl=0.3)
+    assert availability.check(["a/b"], ["local"]) == {"local": ["a/b"]}
+    availability.check(["a/b"], ["local"])
+    assert backend.calls == 1  # the second answer came from the cache
+    time.sleep(0.35)
+    availability.check(["a/b"], ["local"])
+    assert backend.calls == 2  # after the ttl the backend is asked again
+    uncached = Availability({"local": backend}, ttl=0)
+    uncached.check(["a/b"], ["local"])
+    uncached.check(["a/b"], ["local"])
+    assert backend.calls == 4
