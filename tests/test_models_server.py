@@ -159,6 +159,48 @@ def test_text_to_speech_writes_a_wav(tiny):
     assert rate == 16000 and len(data) > 100
 
 
+def test_image_segmentation_overlays_masks_on_the_input(tiny):
+    url, public, *_ = tiny
+    out = post(url, "nvidia/segformer-b0-finetuned-ade-512-512", {"img_url": "/examples/red.png"})
+    assert out.status_code == 200, out.text
+    data = out.json()
+    assert data["predicted"] and {p["label"] for p in data["predicted"]} <= {"sky", "tree", "road"}
+    with Image.open(public / data["path"].lstrip("/")) as img:
+        assert img.size == (80, 60) and img.mode == "RGB"
+        assert img.getpixel((40, 30)) != (200, 30, 30)  # tinted by a mask
+
+
+def test_depth_estimation_writes_a_depth_map_of_the_input_size(tiny):
+    url, public, *_ = tiny
+    out = post(url, "Intel/dpt-large", {"img_url": "/examples/red.png"})
+    assert out.status_code == 200, out.text
+    with Image.open(public / out.json()["path"].lstrip("/")) as img:
+        assert img.size == (80, 60)
+
+
+def test_visual_question_answering_answers_with_a_label(tiny):
+    from tests.tiny_models import VQA_ANSWERS
+
+    url, *_ = tiny
+    out = post(url, "dandelin/vilt-b32-finetuned-vqa", {"img_url": "/examples/red.png", "text": "what is red"})
+    assert out.status_code == 200, out.text
+    answers = out.json()
+    assert answers[0]["answer"] in VQA_ANSWERS and 0 <= answers[0]["score"] <= 1
+    assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
+    assert post(url, "dandelin/vilt-b32-finetuned-vqa", {"img_url": "/examples/red.png"}).status_code == 400
+
+
+def test_audio_classification_ranks_the_labels(tiny):
+    from tests.tiny_models import AUDIO_LABELS
+
+    url, public, *_ = tiny
+    out = post(url, "MIT/ast-finetuned-audioset-10-10-0.4593", {"audio_url": "/examples/hello.wav"})
+    assert out.status_code == 200, out.text
+    labels = out.json()
+    assert {x["label"] for x in labels} == set(AUDIO_LABELS)
+    assert abs(sum(x["score"] for x in labels) - 1) < 1e-3
+
+
 def test_object_results_are_plain_json(tiny):
     out = post(tiny[0], "google/vit-base-patch16-224", {"img_url": "/examples/green.jpg"}).json()
     assert all(type(x["score"]) is float for x in out)
@@ -218,11 +260,13 @@ def test_one_model_serialises_two_models_overlap(tmp_path):
     assert b0 < a1  # overlapped
 
 
-def test_full_level_text_to_image_on_a_tiny_stable_diffusion(tmp_path):
-    from tests.tiny_models import tiny_stable_diffusion
+def test_full_level_generation_on_tiny_diffusers_pipelines(tmp_path):
+    """text-to-image, ControlNet, instruct-pix2pix and text-to-video: real diffusers loading and sampling."""
+    from tests.tiny_models import FULL_BUILDERS
 
     models_dir = tmp_path / "models"
-    tiny_stable_diffusion(models_dir / "stable-diffusion-v1-5/stable-diffusion-v1-5")
+    for mid, builder in FULL_BUILDERS.items():
+        builder(models_dir / mid)
     public = make_public(tmp_path / "public")
     proc, url = start_models_server(tmp_path, models_dir, public, deployment="full")
     try:
@@ -231,8 +275,30 @@ def test_full_level_text_to_image_on_a_tiny_stable_diffusion(tmp_path):
         assert out.status_code == 200, out.text
         with Image.open(public / out.json()["path"].lstrip("/")) as img:
             assert img.size == (16, 16) and img.mode == "RGB"
-        # ControlNet generation needs its own weights: reported, not crashed
-        missing = post(url, "lllyasviel/sd-controlnet-canny", {"text": "x", "img_url": "/examples/red.png"})
+        # ControlNet: the edge map steers the tiny SD; the picture has the control image's size
+        edges = post(url, "canny-control", {"img_url": "/examples/red.png"}).json()["path"]
+        cn = post(url, "lllyasviel/sd-controlnet-canny", {"text": "a red fox", "img_url": edges, "steps": 2})
+        assert cn.status_code == 200, cn.text
+        with Image.open(public / cn.json()["path"].lstrip("/")) as img:
+            assert img.mode == "RGB" and img.size[0] > 0
+        # instruct-pix2pix keeps the input's size
+        edit = post(url, "timbrooks/instruct-pix2pix", {"text": "make it blue", "img_url": "/examples/red.png",
+                                                         "steps": 2})
+        assert edit.status_code == 200, edit.text
+        with Image.open(public / edit.json()["path"].lstrip("/")) as img:
+            assert img.size == (80, 60)
+        # text-to-video writes an mp4 that opens with frames
+        video = post(url, "damo-vilab/text-to-video-ms-1.7b", {"text": "a fox runs", "steps": 2})
+        assert video.status_code == 200, video.text
+        path = public / video.json()["path"].lstrip("/")
+        assert path.suffix == ".mp4"
+        import imageio.v3 as iio
+
+        frames = iio.imread(path)
+        assert frames.ndim == 4 and frames.shape[0] >= 1 and frames.shape[-1] == 3
+        # a ControlNet whose weights are absent is reported, not crashed, and /status says so
+        assert requests.get(url + "/status/lllyasviel/sd-controlnet-hed", timeout=5).json()["loaded"] is False
+        missing = post(url, "lllyasviel/sd-controlnet-hed", {"text": "x", "img_url": "/examples/red.png"})
         assert missing.status_code == 404 and "weights" in missing.json()["error"]["message"]
     finally:
         proc.terminate()

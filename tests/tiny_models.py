@@ -171,34 +171,10 @@ def image_captioner(folder: Path) -> None:
     VisionEncoderDecoderModel(config=config).save_pretrained(folder)
 
 
-BUILDERS = {
-    "hustvl/yolos-tiny": object_detector,
-    "nlpconnect/vit-gpt2-image-captioning": image_captioner,
-    "facebook/mms-tts-eng": tts_vits,
-    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": text_classifier,
-    "dslim/bert-base-NER": token_classifier,
-    "deepset/roberta-base-squad2": extractive_qa,
-    "openai-community/gpt2": causal_lm,
-    "sshleifer/distilbart-cnn-12-6": seq2seq_lm,
-    "google/vit-base-patch16-224": image_classifier,
-    "facebook/wav2vec2-base-960h": speech_recognizer,
-}
-
-
-def build_all(models_dir: Path) -> dict[str, Path]:
-    out = {}
-    for mid, builder in BUILDERS.items():
-        target = models_dir / mid
-        if not (target / "config.json").is_file():
-            builder(target)
-        out[mid] = target
-    return out
-
-
-def tiny_stable_diffusion(folder: Path) -> None:
-    """A Stable Diffusion pipeline of a few thousand random weights: real diffusers loading and sampling."""
+def _sd_parts(folder: Path) -> dict:
+    """Tokenizer, text encoder, VAE and scheduler of a few thousand random weights, shared by the pipelines."""
     import torch
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import AutoencoderKL, DDIMScheduler
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     torch.manual_seed(0)
@@ -210,22 +186,158 @@ def tiny_stable_diffusion(folder: Path) -> None:
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n")
     tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token="!", model_max_length=77)
-    unet = UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
-                                out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
-                                attention_head_dim=2, norm_num_groups=4)
+    for name in ("vocab.json", "merges.txt"):
+        (folder / name).unlink()
     vae = AutoencoderKL(block_out_channels=[8, 16], in_channels=3, out_channels=3,
                         down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
                         latent_channels=4, norm_num_groups=4, sample_size=16)
     text_encoder = CLIPTextModel(CLIPTextConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=16,
                                                 num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=77,
                                                 projection_dim=16, bos_token_id=0, eos_token_id=1, pad_token_id=2))
-    pipe = StableDiffusionPipeline(unet=unet, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                                   scheduler=DDIMScheduler(), safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-    pipe.save_pretrained(folder)
-    for name in ("vocab.json", "merges.txt"):
-        (folder / name).unlink()
+    return {"vae": vae, "text_encoder": text_encoder, "tokenizer": tokenizer, "scheduler": DDIMScheduler()}
 
 
-FULL_BUILDERS = {"stable-diffusion-v1-5/stable-diffusion-v1-5": tiny_stable_diffusion}
+def _unet2d(in_channels: int = 4):
+    from diffusers import UNet2DConditionModel
+
+    return UNet2DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=in_channels,
+                                out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+                                attention_head_dim=2, norm_num_groups=4)
+
+
+def tiny_stable_diffusion(folder: Path) -> None:
+    """A Stable Diffusion pipeline of a few thousand random weights: real diffusers loading and sampling."""
+    from diffusers import StableDiffusionPipeline
+
+    parts = _sd_parts(folder)
+    StableDiffusionPipeline(unet=_unet2d(), **parts, safety_checker=None, feature_extractor=None,
+                            requires_safety_checker=False).save_pretrained(folder)
+
+
+def tiny_instruct_pix2pix(folder: Path) -> None:
+    """InstructPix2Pix: the UNet reads the noisy latents and the input image's latents (8 channels)."""
+    from diffusers import StableDiffusionInstructPix2PixPipeline
+
+    parts = _sd_parts(folder)
+    StableDiffusionInstructPix2PixPipeline(unet=_unet2d(in_channels=8), **parts, safety_checker=None,
+                                           feature_extractor=None, requires_safety_checker=False).save_pretrained(folder)
+
+
+def tiny_text_to_video(folder: Path) -> None:
+    from diffusers import TextToVideoSDPipeline, UNet3DConditionModel
+
+    parts = _sd_parts(folder)
+    unet = UNet3DConditionModel(block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+                                out_channels=4, down_block_types=("CrossAttnDownBlock3D", "DownBlock3D"),
+                                up_block_types=("UpBlock3D", "CrossAttnUpBlock3D"), cross_attention_dim=16,
+                                attention_head_dim=2, norm_num_groups=4)
+    TextToVideoSDPipeline(unet=unet, **parts).save_pretrained(folder)
+
+
+def tiny_controlnet(folder: Path) -> None:
+    """A ControlNet that plugs into the tiny Stable Diffusion (same blocks, cross-attention width 16)."""
+    import torch
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(0)
+    ControlNetModel(block_out_channels=(8, 16), layers_per_block=1, in_channels=4,
+                    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), cross_attention_dim=16,
+                    attention_head_dim=2, norm_num_groups=4,
+                    conditioning_embedding_out_channels=(4, 8)).save_pretrained(folder)
+
+
+def image_segmenter(folder: Path) -> None:
+    import torch
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation, SegformerImageProcessor
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    SegformerImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    labels = ["sky", "tree", "road"]
+    SegformerForSemanticSegmentation(SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3],
+        strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=16, num_labels=3,
+        id2label=dict(enumerate(labels)), label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def depth_estimator(folder: Path) -> None:
+    import torch
+    from transformers import DPTConfig, DPTForDepthEstimation, DPTImageProcessor
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False).save_pretrained(folder)
+    DPTForDepthEstimation(DPTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=4,
+                                    num_attention_heads=2, intermediate_size=37, backbone_out_indices=[0, 1, 2, 3],
+                                    neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=16,
+                                    is_hybrid=False)).save_pretrained(folder)
+
+
+VQA_ANSWERS = ["yes", "no", "two", "red"]
+
+
+def visual_qa(folder: Path) -> None:
+    import torch
+    from transformers import ViltConfig, ViltForQuestionAnswering, ViltImageProcessor, ViltProcessor
+
+    torch.manual_seed(0)
+    tok = bert_tokenizer(folder)
+    ViltProcessor(image_processor=ViltImageProcessor(size={"shortest_edge": 32}, size_divisor=8),
+                  tokenizer=tok).save_pretrained(folder)
+    ViltForQuestionAnswering(ViltConfig(
+        vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+        image_size=32, patch_size=8, max_position_embeddings=40, num_labels=len(VQA_ANSWERS),
+        id2label=dict(enumerate(VQA_ANSWERS)), label2id={v: k for k, v in enumerate(VQA_ANSWERS)})).save_pretrained(folder)
+
+
+AUDIO_LABELS = ["speech", "music", "dog bark"]
+
+
+def audio_classifier(folder: Path) -> None:
+    import torch
+    from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    ASTFeatureExtractor(num_mel_bins=16, max_length=64).save_pretrained(folder)
+    ASTForAudioClassification(ASTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, patch_size=16,
+        frequency_stride=10, time_stride=10, max_length=64, num_mel_bins=16, num_labels=len(AUDIO_LABELS),
+        id2label=dict(enumerate(AUDIO_LABELS)), label2id={v: k for k, v in enumerate(AUDIO_LABELS)})).save_pretrained(folder)
+
+
+FULL_BUILDERS = {
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": tiny_stable_diffusion,
+    "lllyasviel/sd-controlnet-canny": tiny_controlnet,
+    "timbrooks/instruct-pix2pix": tiny_instruct_pix2pix,
+    "damo-vilab/text-to-video-ms-1.7b": tiny_text_to_video,
+}
+
+
+BUILDERS = {
+    "hustvl/yolos-tiny": object_detector,
+    "nlpconnect/vit-gpt2-image-captioning": image_captioner,
+    "facebook/mms-tts-eng": tts_vits,
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": text_classifier,
+    "dslim/bert-base-NER": token_classifier,
+    "deepset/roberta-base-squad2": extractive_qa,
+    "openai-community/gpt2": causal_lm,
+    "sshleifer/distilbart-cnn-12-6": seq2seq_lm,
+    "google/vit-base-patch16-224": image_classifier,
+    "facebook/wav2vec2-base-960h": speech_recognizer,
+    "nvidia/segformer-b0-finetuned-ade-512-512": image_segmenter,
+    "Intel/dpt-large": depth_estimator,
+    "dandelin/vilt-b32-finetuned-vqa": visual_qa,
+    "MIT/ast-finetuned-audioset-10-10-0.4593": audio_classifier,
+}
+
+
+def build_all(models_dir: Path) -> dict[str, Path]:
+    out = {}
+    for mid, builder in BUILDERS.items():
+        target = models_dir / mid
+        if not (target / "config.json").is_file():
+            builder(target)
+        out[mid] = target
+    return out
