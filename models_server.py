@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     device, warning = resolve_device(config.device)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    registry = Registry(config.local_deployment, config.local_models_dir)
+    registry = Registry(config.local_deployment, config.local_models_dir, catalog_path=config.catalog_path)
     budget = int(config.memory_budget_gb * 1024**3) if config.memory_budget_gb else None
     pool = ModelPool(registry, device, budget)
     servable = [s for s in registry.specs.values() if registry.servable(s)]

@@ -155,7 +155,11 @@ class Selector:
                                  error="ControlNet tasks need the local models server (inference_mode local or hybrid)")
             control = task.task.split("-")[0]
             model_id = f"lllyasviel/sd-controlnet-{control}" if task.task.endswith("-text-to-image") else task.task
-            return Selection(**base, model_id=model_id, hosted_on="local",
+            if not self.availability.check([model_id], ["local"]).get("local"):
+                return Selection(**base, model_id=None, hosted_on=None, reason="", available={"local": []},
+                                 error=f"the local models server cannot serve {model_id} (its /status says so: "
+                                       "the weights are missing or the deployment level does not include it)")
+            return Selection(**base, model_id=model_id, hosted_on="local", available={"local": [model_id]},
                              reason="ControlNet is the best model for this task.")
         if task.task in TEXT_TASKS_FOR_LLM:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",

@@ -385,12 +385,26 @@ def test_models_server_needs_no_llm_keys(tmp_path):
 
 
 def test_download_helper_lists_the_deployment(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hugginggpt.modelhost.download", "--deployment", "minimal",
-                           "--models-dir", str(tmp_path), "--dry-run"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)
-    assert proc.returncode == 0
-    assert "would fetch sentence-transformers/all-MiniLM-L6-v2" in proc.stdout
+    def helper(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hugginggpt.modelhost.download", *args], capture_output=True,
+                              text=True, cwd=ROOT, timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+    proc = helper("--deployment", "minimal", "--models-dir", str(tmp_path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "all-MiniLM-L6-v2: ships inside a Python package" in proc.stdout  # nothing to download
     assert "canny-control" not in proc.stdout  # annotators have no weights
-    full = subprocess.run([sys.executable, "-m", "hugginggpt.modelhost.download", "--deployment", "full",
-                           "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
-    assert "lllyasviel/sd-controlnet-openpose" in full and "stable-diffusion-v1-5/stable-diffusion-v1-5" in full
+    full = helper("--deployment", "full", "--models-dir", str(tmp_path), "--dry-run").stdout
+    assert "lllyasviel/sd-controlnet-openpose: would fetch" in full and "stable-diffusion-v1-5/stable-diffusion-v1-5" in full
+    assert "size unknown" in full  # offline: said, not guessed
+    # the config's folder and level are used; models already there show their size on disk
+    (tmp_path / "dslim" / "bert-base-NER").mkdir(parents=True)
+    (tmp_path / "dslim" / "bert-base-NER" / "model.safetensors").write_bytes(b"x" * 2048)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"root: {ROOT}\nlocal_models_dir: {tmp_path}\nlocal_deployment: standard\n")
+    listed = helper("--config", str(config), "--dry-run").stdout
+    assert f"dslim/bert-base-NER: already in {tmp_path / 'dslim' / 'bert-base-NER'} (2.0 KB)" in listed
+    # a misspelled id is an error with a suggestion; a failed download exits non-zero
+    typo = helper("--config", str(config), "--only", "dslim/bert-base-NRE")
+    assert typo.returncode == 2 and "did you mean dslim/bert-base-NER" in typo.stderr
+    failed = helper("--config", str(config), "--only", "hustvl/yolos-tiny")
+    assert failed.returncode == 1 and "hustvl/yolos-tiny: failed" in failed.stderr

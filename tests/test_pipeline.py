@@ -133,9 +133,12 @@ def test_empty_or_unparseable_plan_gets_a_conversational_answer(server, llm, mod
 
 
 def test_controlnet_rules(server, llm, models):
+    models.models.update({"openpose-control": "openpose-control",
+                          "lllyasviel/sd-controlnet-openpose": "openpose-text-to-image"})
     llm.on("parse_task", plan(("openpose-control", [-1], {"image": "/examples/red.png"}),
                               ("openpose-text-to-image", [0], {"text": "a dancer", "image": "<GENERATED>-0"}),
-                              ("canny-text-to-image", [-1], {"image": "/examples/red.png"})))
+                              ("canny-text-to-image", [-1], {"image": "/examples/red.png"}),
+                              ("hed-text-to-image", [-1], {"text": "a house", "image": "/examples/red.png"})))
     decisions = server.post("/hugginggpt", ask("pose", return_decisions=True)).json()["decisions"]
     sel = decisions["model_selections"]
     assert sel["0"]["selected_model"] == "openpose-control"
@@ -143,6 +146,10 @@ def test_controlnet_rules(server, llm, models):
     assert sel["1"]["reason"] == "ControlNet is the best model for this task."
     # a control-text-to-image task without text becomes the annotator (JARVIS's rule)
     assert decisions["planned_tasks"][2]["task"] == "canny-control"
+    # the models server's /status decides, not an assumption: it has no HED ControlNet
+    assert sel["3"]["selected_model"] is None and sel["3"]["status"] == "unavailable"
+    assert "cannot serve lllyasviel/sd-controlnet-hed" in sel["3"]["reason"]
+    assert "lllyasviel/sd-controlnet-hed" in models.status_calls
 
 
 def test_history_reaches_the_planner_and_is_trimmed(server, llm):

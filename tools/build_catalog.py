@@ -1,10 +1,17 @@
 """Writes data/p0_models.jsonl: our hand-curated catalog of well-known Hugging Face models.
 
+The one place models are written down: what the planner's selection ranks (likes, downloads, tags,
+languages, descriptions) and, for the models the local models server can run, how it loads them and at
+which deployment level (the `local` object of a row; `hugginggpt/modelhost/registry.py` reads it).
 Likes and downloads are rounded snapshots used only for ranking; descriptions are written for this project.
-Run: python tools/build_catalog.py
+
+    python tools/build_catalog.py           # rewrite data/p0_models.jsonl
+    python tools/build_catalog.py --check   # exit 1 if the file differs from what this table writes
 """
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 M = {
@@ -234,12 +241,108 @@ M = {
 ],
 }
 
-rows = []
-for task, items in M.items():
-    for mid, likes, downloads, tags, lang, desc in items:
-        rows.append({"id": mid, "task": task, "likes": likes, "downloads": downloads,
-                     "tags": [t for t in tags.split(",") if t], "language": [x for x in lang.split(",") if x],
-                     "description": desc})
-out = Path(__file__).resolve().parent.parent / "data" / "p0_models.jsonl"
-out.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
-print(f"{len(rows)} models, {len(M)} tasks -> {out}")
+SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+CONTROLS = ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")
+
+# ControlNet models and annotators: picked by JARVIS's fixed rules, not ranked, but served locally.
+M["canny-control"] = [("canny-control", 0, 0, "controlnet,annotator,edges", "",
+                       "Canny edge map of an image, the control input for ControlNet canny.")]
+for _c in CONTROLS:
+    M[f"{_c}-text-to-image"] = [(f"lllyasviel/sd-controlnet-{_c}", 0, 0, f"controlnet,{_c}", "en",
+                                 f"ControlNet on Stable Diffusion 1.5 conditioned on a {_c} map.")]
+
+# How the local models server loads a model: id -> (loader, level, pipeline task or None).
+# Levels as in JARVIS: minimal (annotators, light models) < standard (common pipelines) < full (generation).
+LOCAL = {
+    "canny-control": ("annotator", "minimal", None),
+    "sentence-transformers/all-MiniLM-L6-v2": ("sentence-embedding", "minimal", None),
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": ("pipeline", "standard", "text-classification"),
+    "cardiffnlp/twitter-roberta-base-sentiment-latest": ("pipeline", "standard", "text-classification"),
+    "dslim/bert-base-NER": ("pipeline", "standard", "token-classification"),
+    "flair/ner-german": ("pipeline", "standard", "token-classification"),
+    "fhswf/bert_de_ner": ("pipeline", "standard", "token-classification"),
+    "deepset/roberta-base-squad2": ("extractive-qa", "standard", None),
+    "distilbert/distilbert-base-cased-distilled-squad": ("extractive-qa", "standard", None),
+    "facebook/bart-large-cnn": ("seq2seq", "standard", None),
+    "sshleifer/distilbart-cnn-12-6": ("seq2seq", "standard", None),
+    "Helsinki-NLP/opus-mt-en-de": ("seq2seq", "standard", None),
+    "Helsinki-NLP/opus-mt-en-fr": ("seq2seq", "standard", None),
+    "google/flan-t5-base": ("seq2seq", "standard", None),
+    "openai-community/gpt2": ("pipeline", "standard", "text-generation"),
+    "microsoft/DialoGPT-medium": ("pipeline", "standard", "text-generation"),
+    "sentence-transformers/all-mpnet-base-v2": ("pipeline", "standard", "feature-extraction"),
+    "google/vit-base-patch16-224": ("pipeline", "standard", "image-classification"),
+    "microsoft/resnet-50": ("pipeline", "standard", "image-classification"),
+    "facebook/detr-resnet-50": ("pipeline", "standard", "object-detection"),
+    "hustvl/yolos-tiny": ("pipeline", "standard", "object-detection"),
+    "nvidia/segformer-b0-finetuned-ade-512-512": ("pipeline", "standard", "image-segmentation"),
+    "facebook/detr-resnet-50-panoptic": ("pipeline", "standard", "image-segmentation"),
+    "Intel/dpt-large": ("pipeline", "standard", "depth-estimation"),
+    "Intel/dpt-hybrid-midas": ("pipeline", "standard", "depth-estimation"),
+    "nlpconnect/vit-gpt2-image-captioning": ("vision2seq", "standard", None),
+    "Salesforce/blip-image-captioning-large": ("vision2seq", "standard", None),
+    "dandelin/vilt-b32-finetuned-vqa": ("vqa", "standard", None),
+    "impira/layoutlm-document-qa": ("pipeline", "standard", "document-question-answering"),
+    "openai/whisper-base": ("pipeline", "standard", "automatic-speech-recognition"),
+    "facebook/wav2vec2-base-960h": ("pipeline", "standard", "automatic-speech-recognition"),
+    "MIT/ast-finetuned-audioset-10-10-0.4593": ("pipeline", "standard", "audio-classification"),
+    "microsoft/speecht5_tts": ("pipeline", "standard", "text-to-audio"),
+    "facebook/mms-tts-eng": ("pipeline", "standard", "text-to-audio"),
+    SD15: ("diffusers", "full", None),
+    "stabilityai/stable-diffusion-xl-base-1.0": ("diffusers", "full", None),
+    "timbrooks/instruct-pix2pix": ("diffusers", "full", None),
+    "damo-vilab/text-to-video-ms-1.7b": ("diffusers", "full", None),
+    "microsoft/speecht5_vc": ("pipeline", "full", "audio-to-audio"),
+    **{f"lllyasviel/sd-controlnet-{c}": ("controlnet", "full", None) for c in CONTROLS},
+}
+
+
+def build_rows() -> list[dict]:
+    rows, seen = [], set()
+    for task, items in M.items():
+        for mid, likes, downloads, tags, lang, desc in items:
+            if mid in seen:  # one row per model id: the first task listed is the one it is known for
+                continue
+            seen.add(mid)
+            row = {"id": mid, "task": task, "likes": likes, "downloads": downloads,
+                   "tags": [t for t in tags.split(",") if t], "language": [x for x in lang.split(",") if x],
+                   "description": desc}
+            if mid in LOCAL:
+                loader, level, pipeline_task = LOCAL[mid]
+                local = {"loader": loader, "level": level}
+                if pipeline_task:
+                    local["pipeline_task"] = pipeline_task
+                if loader == "controlnet":
+                    local["base_model"] = SD15
+                if loader == "annotator":
+                    local["needs_weights"] = False
+                row["local"] = local
+            rows.append(row)
+    missing = sorted(set(LOCAL) - seen)
+    if missing:
+        raise SystemExit(f"LOCAL names models with no catalog row: {', '.join(missing)}")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file is out of date")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "data" / "p0_models.jsonl")
+    args = parser.parse_args(argv)
+    rows = build_rows()
+    text = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+    if args.check:
+        current = args.out.read_text(encoding="utf-8") if args.out.is_file() else ""
+        if current != text:
+            print(f"{args.out} is out of date: run python tools/build_catalog.py", file=sys.stderr)
+            return 1
+        print(f"{args.out} is up to date ({len(rows)} models)")
+        return 0
+    args.out.write_text(text, encoding="utf-8")
+    print(f"{len(rows)} models, {len({r['task'] for r in rows})} tasks, {sum('local' in r for r in rows)} served "
+          f"locally -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

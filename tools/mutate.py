@@ -84,6 +84,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                if not state.sealed:\n                    state.results[tid] = result",
              "                if True:\n                    state.results[tid] = result",
              ("tests/test_scheduler.py", "tests/test_pipeline.py")),
+    Mutation("controlnet-availability-assumed", "hugginggpt/select.py",
+             "            if not self.availability.check([model_id], [\"local\"]).get(\"local\"):",
+             "            if False:",
+             ("tests/test_pipeline.py::test_controlnet_rules",)),
     # -- this project's deployment checks ---------------------------------------------------------------
     Mutation("allowlist-prefix-compare", "hugginggpt/urlpolicy.py",
              "        return any(addr in net or (inner is not None and inner in net) for net in self.allow_networks)",

@@ -1,39 +1,116 @@
-"""Fetch the registry's models into local_models_dir (on your GPU box; needs the Hub).
+"""Fetch the models server's weights into local_models_dir (run it on your GPU box; it needs the Hub).
 
-    python -m hugginggpt.modelhost.download --deployment standard [--models-dir models] [--only ID ...]
+    python -m hugginggpt.modelhost.download --config configs/config.default.yaml           # level and folder from the config
+    python -m hugginggpt.modelhost.download --deployment standard --models-dir models --dry-run
+    python -m hugginggpt.modelhost.download --only dslim/bert-base-NER
+
+Exits 0 when everything wanted is on disk, 1 when a download failed, 2 for a bad argument.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
-from .registry import LEVELS, REGISTRY
+from .registry import DEFAULT_CATALOG, LEVELS, ModelSpec, Registry
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _human(n: float | None) -> str:
+    if n is None:
+        return "size unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class HubSizes:
+    """Repository sizes from the Hub's file metadata; after one failure (offline) it stops asking."""
+
+    def __init__(self):
+        self.reachable = True
+
+    def __call__(self, model_id: str) -> int | None:
+        if not self.reachable:
+            return None
+        try:
+            from huggingface_hub import HfApi
+
+            info = HfApi().model_info(model_id, files_metadata=True, timeout=5)
+            return sum(s.size or 0 for s in info.siblings or []) or None
+        except Exception:  # noqa: BLE001 - offline or unknown: the size is simply not known
+            self.reachable = False
+            return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deployment", choices=list(LEVELS), default="standard")
-    parser.add_argument("--models-dir", default="models")
+    parser.add_argument("--config", help="take local_deployment, local_models_dir and the catalog from this config")
+    parser.add_argument("--deployment", choices=list(LEVELS), help="minimal | standard | full (default: standard)")
+    parser.add_argument("--models-dir", help="where the weights go (default: models/)")
     parser.add_argument("--only", nargs="*", help="download just these ids")
-    parser.add_argument("--dry-run", action="store_true", help="list what would be fetched")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be fetched, with sizes, and stop")
     args = parser.parse_args(argv)
-    wanted = [s for s in REGISTRY if s.needs_weights and s.included_in(args.deployment)]
+    deployment, models_dir, catalog = "standard", Path("models"), DEFAULT_CATALOG
+    if args.config:
+        from ..config import load_config
+        from ..errors import ConfigError
+
+        try:
+            config = load_config(args.config, need_llm=False)
+        except ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            return 2
+        deployment, models_dir, catalog = config.local_deployment, config.local_models_dir, config.catalog_path
+    deployment = args.deployment or deployment
+    models_dir = Path(args.models_dir) if args.models_dir else models_dir
+    registry = Registry(deployment, models_dir, catalog_path=catalog)
+    wanted: list[ModelSpec] = [s for s in registry.specs.values() if s.needs_weights]
     if args.only:
+        known = {s.id for s in wanted}
+        unknown = [m for m in args.only if m not in known]
+        for mid in unknown:
+            close = difflib.get_close_matches(mid, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; see --dry-run for the {deployment} list"
+            print(f"error: {mid} is not a model of the {deployment} level{hint}", file=sys.stderr)
+        if unknown:
+            return 2
         wanted = [s for s in wanted if s.id in args.only]
     ids = sorted({s.id for s in wanted} | {s.base_model for s in wanted if s.base_model})
+    failed: list[str] = []
+    hub_size = HubSizes()
     for mid in ids:
-        target = Path(args.models_dir) / mid
-        print(f"{'would fetch' if args.dry_run else 'fetching'} {mid} -> {target}", flush=True)
-        if args.dry_run:
+        target = models_dir / mid
+        spec = registry.get(mid)
+        packaged = spec is not None and registry.weights_path(spec) not in (None, target)
+        if packaged:
+            print(f"{mid}: ships inside a Python package ({registry.weights_path(spec)}), nothing to fetch")
             continue
+        if target.is_dir() and any(target.iterdir()):
+            print(f"{mid}: already in {target} ({_human(_size(target))})")
+            continue
+        if args.dry_run:
+            print(f"{mid}: would fetch into {target} ({_human(hub_size(mid))})", flush=True)
+            continue
+        print(f"{mid}: fetching into {target} ...", flush=True)
         from huggingface_hub import snapshot_download
 
         try:
             snapshot_download(repo_id=mid, local_dir=target)
-        except Exception as exc:  # noqa: BLE001
-            print(f"  failed: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+            print(f"{mid}: done ({_human(_size(target))})", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report every failure, then exit non-zero
+            failed.append(mid)
+            print(f"{mid}: failed: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} of {len(ids)} downloads failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

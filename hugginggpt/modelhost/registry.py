@@ -1,4 +1,4 @@
-"""Which models the local server can serve, as data: id, task, how it loads, deployment level.
+"""Which models the local server can serve: id, task, how it loads, deployment level (from the catalog).
 
 Levels follow JARVIS's split: minimal (ControlNet annotators and light models) ⊂ standard (common
 vision / audio / NLP pipelines) ⊂ full (Stable Diffusion, ControlNet generation, text-to-video,
@@ -7,6 +7,7 @@ speech-to-speech). Weights live in `<local_models_dir>/<org>/<name>`, so the ids
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,66 +28,37 @@ class ModelSpec:
         return LEVELS[self.level] <= LEVELS[deployment]
 
 
-def _p(mid: str, task: str, level: str, pipeline_task: str | None = None) -> ModelSpec:
-    return ModelSpec(mid, task, "pipeline", level, pipeline_task or task)
+DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "p0_models.jsonl"
 
 
-SD15 = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+def load_specs(catalog_path: Path = DEFAULT_CATALOG) -> tuple[ModelSpec, ...]:
+    """The catalog rows that carry a `local` object: one data file for ranking and for serving.
 
-REGISTRY: tuple[ModelSpec, ...] = (
-    # minimal: ControlNet annotators (no weights) and light models
-    ModelSpec("canny-control", "canny-control", "annotator", "minimal", needs_weights=False),
-    ModelSpec("sentence-transformers/all-MiniLM-L6-v2", "sentence-similarity", "sentence-embedding", "minimal"),
-    # standard: NLP
-    _p("distilbert/distilbert-base-uncased-finetuned-sst-2-english", "text-classification", "standard"),
-    _p("cardiffnlp/twitter-roberta-base-sentiment-latest", "text-classification", "standard"),
-    _p("dslim/bert-base-NER", "token-classification", "standard"),
-    _p("flair/ner-german", "token-classification", "standard"),
-    _p("fhswf/bert_de_ner", "token-classification", "standard"),
-    ModelSpec("deepset/roberta-base-squad2", "question-answering", "extractive-qa", "standard"),
-    ModelSpec("distilbert/distilbert-base-cased-distilled-squad", "question-answering", "extractive-qa", "standard"),
-    ModelSpec("facebook/bart-large-cnn", "summarization", "seq2seq", "standard"),
-    ModelSpec("sshleifer/distilbart-cnn-12-6", "summarization", "seq2seq", "standard"),
-    ModelSpec("Helsinki-NLP/opus-mt-en-de", "translation", "seq2seq", "standard"),
-    ModelSpec("Helsinki-NLP/opus-mt-en-fr", "translation", "seq2seq", "standard"),
-    ModelSpec("google/flan-t5-base", "text2text-generation", "seq2seq", "standard"),
-    _p("openai-community/gpt2", "text-generation", "standard"),
-    _p("microsoft/DialoGPT-medium", "conversational", "standard", "text-generation"),
-    _p("sentence-transformers/all-mpnet-base-v2", "sentence-similarity", "standard", "feature-extraction"),
-    # standard: vision
-    _p("google/vit-base-patch16-224", "image-classification", "standard"),
-    _p("microsoft/resnet-50", "image-classification", "standard"),
-    _p("facebook/detr-resnet-50", "object-detection", "standard"),
-    _p("hustvl/yolos-tiny", "object-detection", "standard"),
-    _p("nvidia/segformer-b0-finetuned-ade-512-512", "image-segmentation", "standard"),
-    _p("facebook/detr-resnet-50-panoptic", "image-segmentation", "standard"),
-    _p("Intel/dpt-large", "depth-estimation", "standard"),
-    _p("Intel/dpt-hybrid-midas", "depth-estimation", "standard"),
-    ModelSpec("nlpconnect/vit-gpt2-image-captioning", "image-to-text", "vision2seq", "standard"),
-    ModelSpec("Salesforce/blip-image-captioning-large", "image-to-text", "vision2seq", "standard"),
-    ModelSpec("dandelin/vilt-b32-finetuned-vqa", "visual-question-answering", "vqa", "standard"),
-    _p("impira/layoutlm-document-qa", "document-question-answering", "standard"),
-    # standard: audio
-    _p("openai/whisper-base", "automatic-speech-recognition", "standard"),
-    _p("facebook/wav2vec2-base-960h", "automatic-speech-recognition", "standard"),
-    _p("MIT/ast-finetuned-audioset-10-10-0.4593", "audio-classification", "standard"),
-    _p("microsoft/speecht5_tts", "text-to-speech", "standard", "text-to-audio"),
-    _p("facebook/mms-tts-eng", "text-to-speech", "standard", "text-to-audio"),
-    # full: generation
-    ModelSpec(SD15, "text-to-image", "diffusers", "full"),
-    ModelSpec("stabilityai/stable-diffusion-xl-base-1.0", "text-to-image", "diffusers", "full"),
-    ModelSpec("timbrooks/instruct-pix2pix", "image-to-image", "diffusers", "full"),
-    ModelSpec("damo-vilab/text-to-video-ms-1.7b", "text-to-video", "diffusers", "full"),
-    ModelSpec("microsoft/speecht5_vc", "audio-to-audio", "pipeline", "full", "audio-to-audio"),
-    *(ModelSpec(f"lllyasviel/sd-controlnet-{c}", f"{c}-text-to-image", "controlnet", "full", base_model=SD15)
-      for c in ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")),
-)
+    (`tools/build_catalog.py` writes both facts from one table, so they cannot drift apart.)
+    """
+    specs = []
+    for n, line in enumerate(Path(catalog_path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        local = row.get("local")
+        if not local:
+            continue
+        try:
+            specs.append(ModelSpec(id=row["id"], task=row["task"], loader=local["loader"], level=local["level"],
+                                   pipeline_task=local.get("pipeline_task"), base_model=local.get("base_model"),
+                                   needs_weights=bool(local.get("needs_weights", True))))
+        except KeyError as exc:
+            raise ValueError(f"{catalog_path}:{n}: the `local` object of {row.get('id')} lacks {exc}") from None
+    return tuple(specs)
 
 
 class Registry:
     """The registry filtered to one deployment level and one models folder."""
 
-    def __init__(self, deployment: str, models_dir: Path, specs: tuple[ModelSpec, ...] = REGISTRY):
+    def __init__(self, deployment: str, models_dir: Path, specs: tuple[ModelSpec, ...] | None = None,
+                 catalog_path: Path = DEFAULT_CATALOG):
+        specs = load_specs(catalog_path) if specs is None else specs
         self.deployment = deployment
         self.models_dir = models_dir
         self.specs = {s.id: s for s in specs if s.included_in(deployment)}
