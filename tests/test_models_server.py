@@ -296,6 +296,11 @@ def test_full_level_generation_on_tiny_diffusers_pipelines(tmp_path):
 
         frames = iio.imread(path)
         assert frames.ndim == 4 and frames.shape[0] >= 1 and frames.shape[-1] == 3
+        # voice conversion (SpeechT5 + HiFi-GAN) writes a wav that opens
+        vc = post(url, "microsoft/speecht5_vc", {"audio_url": "/examples/hello.wav"})
+        assert vc.status_code == 200, vc.text
+        samples, rate = sf.read(public / vc.json()["path"].lstrip("/"))
+        assert rate == 16000 and len(samples) > 0
         # a ControlNet whose weights are absent is reported, not crashed, and /status says so
         assert requests.get(url + "/status/lllyasviel/sd-controlnet-hed", timeout=5).json()["loaded"] is False
         missing = post(url, "lllyasviel/sd-controlnet-hed", {"text": "x", "img_url": "/examples/red.png"})

@@ -307,11 +307,38 @@ def audio_classifier(folder: Path) -> None:
         id2label=dict(enumerate(AUDIO_LABELS)), label2id={v: k for k, v in enumerate(AUDIO_LABELS)})).save_pretrained(folder)
 
 
+def voice_converter(folder: Path) -> None:
+    import torch
+    from transformers import SpeechT5Config, SpeechT5FeatureExtractor, SpeechT5ForSpeechToSpeech
+
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    SpeechT5FeatureExtractor(num_mel_bins=16).save_pretrained(folder)
+    SpeechT5ForSpeechToSpeech(SpeechT5Config(
+        vocab_size=40, hidden_size=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37, conv_dim=(16, 16), conv_stride=(5, 4),
+        conv_kernel=(10, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, num_mel_bins=16,
+        speech_decoder_prenet_units=16, speech_decoder_postnet_units=16, speech_decoder_postnet_layers=2,
+        speaker_embedding_dim=8, max_speech_positions=600, max_text_positions=64)).save_pretrained(folder)
+
+
+def hifigan_vocoder(folder: Path) -> None:
+    import torch
+    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
+
+    torch.manual_seed(0)
+    SpeechT5HifiGan(SpeechT5HifiGanConfig(model_in_dim=16, upsample_initial_channel=16, upsample_rates=[4, 4],
+                                          upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3],
+                                          resblock_dilation_sizes=[[1, 3]], sampling_rate=16000)).save_pretrained(folder)
+
+
 FULL_BUILDERS = {
     "stable-diffusion-v1-5/stable-diffusion-v1-5": tiny_stable_diffusion,
     "lllyasviel/sd-controlnet-canny": tiny_controlnet,
     "timbrooks/instruct-pix2pix": tiny_instruct_pix2pix,
     "damo-vilab/text-to-video-ms-1.7b": tiny_text_to_video,
+    "microsoft/speecht5_vc": voice_converter,
+    "microsoft/speecht5_hifigan": hifigan_vocoder,
 }
 
 

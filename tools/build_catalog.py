@@ -252,6 +252,7 @@ for _c in CONTROLS:
                                  f"ControlNet on Stable Diffusion 1.5 conditioned on a {_c} map.")]
 
 # How the local models server loads a model: id -> (loader, level, pipeline task or None).
+# Some need a second model beside them (BASE_MODEL): ControlNets plug into SD 1.5, SpeechT5 speaks through HiFi-GAN.
 # Levels as in JARVIS: minimal (annotators, light models) < standard (common pipelines) < full (generation).
 LOCAL = {
     "canny-control": ("annotator", "minimal", None),
@@ -292,9 +293,12 @@ LOCAL = {
     "stabilityai/stable-diffusion-xl-base-1.0": ("diffusers", "full", None),
     "timbrooks/instruct-pix2pix": ("diffusers", "full", None),
     "damo-vilab/text-to-video-ms-1.7b": ("diffusers", "full", None),
-    "microsoft/speecht5_vc": ("pipeline", "full", "audio-to-audio"),
+    "microsoft/speecht5_vc": ("speecht5-vc", "full", None),
     **{f"lllyasviel/sd-controlnet-{c}": ("controlnet", "full", None) for c in CONTROLS},
 }
+
+
+BASE_MODEL = {"controlnet": SD15, "speecht5-vc": "microsoft/speecht5_hifigan"}
 
 
 def build_rows() -> list[dict]:
@@ -312,8 +316,8 @@ def build_rows() -> list[dict]:
                 local = {"loader": loader, "level": level}
                 if pipeline_task:
                     local["pipeline_task"] = pipeline_task
-                if loader == "controlnet":
-                    local["base_model"] = SD15
+                if loader in BASE_MODEL:
+                    local["base_model"] = BASE_MODEL[loader]
                 if loader == "annotator":
                     local["needs_weights"] = False
                 row["local"] = local

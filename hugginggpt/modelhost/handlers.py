@@ -273,6 +273,14 @@ def text_to_speech(m: Loaded, i: Inputs) -> Any:
 
 
 def audio_to_audio(m: Loaded, i: Inputs) -> Any:
+    if m.spec.loader == "speecht5-vc":  # voice conversion: features -> spectrogram -> HiFi-GAN waveform
+        import torch
+
+        features, model, vocoder, speaker = m.obj
+        batch = features(audio=i.audio(16000), sampling_rate=16000, return_tensors="pt")
+        with torch.inference_mode():
+            speech = model.generate_speech(batch["input_values"].to(model.device), speaker, vocoder=vocoder)
+        return i.save_audio(speech.float().cpu().numpy(), 16000)
     rate = _rate_of(m.obj)
     out = m.obj({"raw": i.audio(rate), "sampling_rate": rate})
     first = out[0] if isinstance(out, list) else out

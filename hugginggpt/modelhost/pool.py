@@ -120,6 +120,16 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
 
         pipe = DiffusionPipeline.from_pretrained(where, torch_dtype=dtype or torch.float32)
         return pipe.to(device)
+    if spec.loader == "speecht5-vc":
+        import numpy as np
+        from transformers import SpeechT5FeatureExtractor, SpeechT5ForSpeechToSpeech, SpeechT5HifiGan
+
+        model = SpeechT5ForSpeechToSpeech.from_pretrained(where).to(device).eval()
+        vocoder = SpeechT5HifiGan.from_pretrained(str(registry.models_dir / (spec.base_model or ""))).to(device).eval()
+        voice = path / "speaker_embeddings.npy"  # an x-vector of the target voice; a neutral voice without one
+        speaker = (torch.from_numpy(np.load(voice)).float().reshape(1, -1) if voice.is_file()
+                   else torch.zeros(1, model.config.speaker_embedding_dim))
+        return SpeechT5FeatureExtractor.from_pretrained(where), model, vocoder, speaker.to(device)
     if spec.loader == "controlnet":
         from diffusers import ControlNetModel, StableDiffusionControlNetPipeline
 
