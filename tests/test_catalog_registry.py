@@ -57,3 +57,17 @@ def test_the_registry_is_the_catalog_rows_with_local_facts(tmp_path):
                                "local": {"loader": "pipeline", "level": "minimal",
                                          "pipeline_task": "text-classification"}}) + "\n")
     assert list(Registry("minimal", tmp_path, catalog_path=one).specs) == ["me/tiny"]
+
+
+def test_every_task_type_the_models_server_serves_has_a_tiny_model_in_the_tests():
+    """Each task type runs through HTTP in tests/test_models_server.py on one of these tiny models."""
+    from tests.tiny_models import BUILDERS, FULL_BUILDERS
+
+    specs = {s.id: s for s in load_specs()}
+    built = set(BUILDERS) | set(FULL_BUILDERS) | {"sentence-transformers/all-MiniLM-L6-v2"}  # MiniLM is real
+    covered = {specs[m].task for m in built if m in specs} | {s.task for s in specs.values() if not s.needs_weights}
+    untested = {s.task for s in specs.values()} - covered
+    # the six other ControlNet kinds share the canny ControlNet's loader and handler
+    assert untested == {f"{c}-text-to-image" for c in ("depth", "hed", "mlsd", "normal", "openpose", "seg")}
+    bases = {s.base_model for s in specs.values() if s.base_model}  # vocoders and SD bases load beside others
+    assert all(m in specs or m in bases for m in built), sorted(m for m in built if m not in set(specs) | bases)

@@ -96,6 +96,18 @@ def test_text_generation_and_summarization(tiny):
     assert isinstance(summ["generated text"], str)
 
 
+@pytest.mark.parametrize("model, task", [("Helsinki-NLP/opus-mt-en-de", "translation"),
+                                         ("google/flan-t5-base", "text2text-generation"),
+                                         ("microsoft/DialoGPT-medium", "conversational")])
+def test_every_text_task_type_answers_with_generated_text(tiny, model, task):
+    url = tiny[0]
+    rows = {r["id"]: r for r in requests.get(url + "/models", timeout=5).json()["models"]}
+    assert rows[model]["task"] == task and rows[model]["servable"]
+    out = post(url, model, {"text": "hello world . the cat is red", "max_new_tokens": 5})
+    assert out.status_code == 200, out.text
+    assert isinstance(out.json()["generated text"], str)
+
+
 def test_sentence_similarity_on_real_minilm(tiny):
     url = tiny[0]
     same = post(url, "sentence-transformers/all-MiniLM-L6-v2",
@@ -188,6 +200,25 @@ def test_visual_question_answering_answers_with_a_label(tiny):
     assert answers[0]["answer"] in VQA_ANSWERS and 0 <= answers[0]["score"] <= 1
     assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
     assert post(url, "dandelin/vilt-b32-finetuned-vqa", {"img_url": "/examples/red.png"}).status_code == 400
+
+
+def test_document_question_answering_reads_the_words_it_is_given(tiny):
+    url, *_ = tiny
+    words = [["anna", [0, 0, 100, 100]], ["lives", [110, 0, 200, 100]], ["in", [210, 0, 250, 100]],
+             ["berlin", [260, 0, 400, 100]]]
+    out = post(url, "impira/layoutlm-document-qa", {"img_url": "/examples/red.png", "text": "who lives in berlin",
+                                                     "word_boxes": words})
+    assert out.status_code == 200, out.text
+    best = out.json()[0]
+    assert best["answer"] and set(best["answer"].split()) <= {"anna", "lives", "in", "berlin"}
+    # without OCR installed and without word boxes: a 400 that says what to install
+    import importlib.util
+
+    if importlib.util.find_spec("pytesseract") is None:
+        no_ocr = post(url, "impira/layoutlm-document-qa", {"img_url": "/examples/red.png", "text": "who"})
+        assert no_ocr.status_code == 400 and "tesseract" in no_ocr.json()["error"]["message"]
+    bad = post(url, "impira/layoutlm-document-qa", {"img_url": "/examples/red.png", "text": "who", "word_boxes": [1]})
+    assert bad.status_code == 400 and "word_boxes" in bad.json()["error"]["message"]
 
 
 def test_audio_classification_ranks_the_labels(tiny):

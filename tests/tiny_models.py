@@ -274,6 +274,18 @@ def depth_estimator(folder: Path) -> None:
                                     is_hybrid=False)).save_pretrained(folder)
 
 
+def document_qa(folder: Path) -> None:
+    import torch
+    from transformers import LayoutLMConfig, LayoutLMForQuestionAnswering, LayoutLMTokenizerFast
+
+    torch.manual_seed(0)
+    bert_tokenizer(folder)
+    LayoutLMTokenizerFast.from_pretrained(folder, model_max_length=128).save_pretrained(folder)
+    LayoutLMForQuestionAnswering(LayoutLMConfig(vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=37, max_position_embeddings=128,
+                                                max_2d_position_embeddings=1024)).save_pretrained(folder)
+
+
 VQA_ANSWERS = ["yes", "no", "two", "red"]
 
 
@@ -357,6 +369,11 @@ BUILDERS = {
     "Intel/dpt-large": depth_estimator,
     "dandelin/vilt-b32-finetuned-vqa": visual_qa,
     "MIT/ast-finetuned-audioset-10-10-0.4593": audio_classifier,
+    "impira/layoutlm-document-qa": document_qa,
+    # same architectures under the ids of the other text task types, so each type runs through its own route
+    "Helsinki-NLP/opus-mt-en-de": seq2seq_lm,
+    "google/flan-t5-base": seq2seq_lm,
+    "microsoft/DialoGPT-medium": causal_lm,
 }
 
 

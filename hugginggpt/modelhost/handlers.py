@@ -202,7 +202,22 @@ def visual_qa(m: Loaded, i: Inputs) -> Any:
 
 
 def document_qa(m: Loaded, i: Inputs) -> Any:
-    return plain(m.obj(i.image(), i.text()))
+    """LayoutLM reads words with their boxes: from `word_boxes` in the body, or from Tesseract OCR."""
+    boxes = i.body.get("word_boxes")
+    kwargs: dict[str, Any] = {}
+    if boxes is not None:
+        if not (isinstance(boxes, list) and all(isinstance(b, (list, tuple)) and len(b) == 2 and isinstance(b[0], str)
+                                                 and isinstance(b[1], (list, tuple)) and len(b[1]) == 4 for b in boxes)):
+            raise BadRequest("`word_boxes` must be a list of [word, [x0, y0, x1, y1]] (boxes on a 0-1000 scale)")
+        kwargs["word_boxes"] = [(w, [int(v) for v in box]) for w, box in boxes]
+    image, question = i.image(), i.text()
+    try:
+        return plain(m.obj(image, question, **kwargs))
+    except ValueError as exc:
+        if "Tesseract" in str(exc) or "pytesseract" in str(exc):
+            raise BadRequest("document question answering needs OCR on the models server (apt-get install "
+                             "tesseract-ocr; pip install pytesseract) or `word_boxes` in the request") from None
+        raise
 
 
 def image_to_image(m: Loaded, i: Inputs) -> Any:
