@@ -56,12 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", help="the request, for --mode text")
     parser.add_argument("--host", help="override http_listen.host")
     parser.add_argument("--port", type=int, help="override http_listen.port")
+    parser.add_argument("--strict", action="store_true", help="an unknown config key is an error, not a warning")
     args = parser.parse_args(argv)
 
     from hugginggpt.logs import setup_logging
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, strict=args.strict)
+        for warning in config.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         setup_logging(config.debug, config.log_file, quiet=args.mode != "server")
         engine = HuggingGPT(config)
     except ConfigError as exc:
@@ -73,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=engine.warm, name="warm-ranker", daemon=True).start()
         host, port = args.host or config.http_host, args.port or config.http_port
         print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.redacted()})", file=sys.stderr, flush=True)
-        serve(create_app(config, engine), host, port)
-        return 0
+        return serve(create_app(config, engine), host, port)
     from hugginggpt.cli import run_cli, run_text
 
     if args.mode == "text":

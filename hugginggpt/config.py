@@ -6,6 +6,7 @@ Nothing here runs at import time.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,46 @@ API_TYPES = ("openai", "azure", "local")
 INFERENCE_MODES = ("local", "huggingface", "hybrid")
 DEPLOYMENTS = ("minimal", "standard", "full")
 STAGES = ("parse_task", "choose_model", "response_results")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where demos/, data/ and public/ ship
+
+# Every key the config may hold (JARVIS's and ours); a section maps to its own keys.
+KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
+    "openai": ("api_key", "base_url"),
+    "azure": ("api_key", "base_url", "deployment_name", "api_version"),
+    "local": ("endpoint", "api_key"),
+    "huggingface": ("token", "base_url"),
+    "http_listen": ("host", "port"),
+    "local_inference_endpoint": ("host", "port"),
+    "logit_bias": ("parse_task", "choose_model"),
+    "tprompt": STAGES, "prompt": STAGES, "demos_or_presteps": STAGES,
+    "model_constraints": ("language", "max_size_mb"),
+    **{key: None for key in (
+        "model", "use_completion", "dev", "debug", "log_file", "inference_mode", "local_deployment", "device",
+        "num_candidate_models", "max_description_length", "proxy", "root", "public_dir", "catalog",
+        "request_timeout", "task_timeout", "status_timeout", "status_cache_seconds", "max_workers", "max_body_bytes",
+        "max_fetch_bytes", "fetch_timeout", "local_models_dir", "memory_budget_gb", "semantic_ranking", "cache_dir",
+        "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
+        "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
+        "max_context_tokens")},
+}
+
+
+def unknown_keys(data: dict) -> list[str]:
+    """One message per key this program does not read, naming the closest valid key."""
+    found = []
+    for key, value in data.items():
+        if key not in KNOWN_KEYS:
+            close = difflib.get_close_matches(str(key), list(KNOWN_KEYS), n=1)
+            found.append(f"unknown key `{key}`" + (f" (did you mean `{close[0]}`?)" if close else ""))
+            continue
+        inner = KNOWN_KEYS[key]
+        if inner is not None and isinstance(value, dict):
+            for sub in value:
+                if sub not in inner:
+                    close = difflib.get_close_matches(str(sub), list(inner), n=1)
+                    found.append(f"unknown key `{key}.{sub}`" + (f" (did you mean `{key}.{close[0]}`?)" if close
+                                                                   else f" (valid: {', '.join(inner)})"))
+    return found
 
 
 @dataclass(frozen=True)
@@ -88,6 +129,7 @@ class Config:
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
+    warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
     # deployment and access control (see README "Deploying it")
     url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
@@ -201,10 +243,12 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
     return LLMSettings(api_type=None, api_key=_secret(env.get("OPENAI_API_KEY")), **common)
 
 
-def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need_llm: bool = True) -> Config:
+def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need_llm: bool = True,
+                strict: bool = False) -> Config:
     """Read a JARVIS-style YAML config. Raises ConfigError with a one-line, actionable message.
 
     need_llm=False (the models server) skips the LLM keys, which that process never uses.
+    strict=True makes an unknown key an error instead of a warning.
     """
     env = dict(os.environ) if env is None else env
     path = Path(path)
@@ -216,13 +260,22 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    unknown = unknown_keys(data)
+    if strict and unknown:
+        raise ConfigError(f"{path}: {unknown[0]}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
     root = Path(_get(data, "root", path.resolve().parent.parent))
     if not root.is_absolute():
         root = (path.resolve().parent / root).resolve()
 
     def rel(value: str | os.PathLike) -> Path:
+        """Beside the config's root, else beside the config, else in the project (a config copied elsewhere)."""
         p = Path(value)
-        return p if p.is_absolute() else root / p
+        if p.is_absolute():
+            return p
+        for base in (root, path.resolve().parent, PROJECT_ROOT):
+            if (base / p).exists():
+                return base / p
+        return root / p
 
     inference_mode = _choice(data, "inference_mode", INFERENCE_MODES, "hybrid", path)
     token = _secret(_get(data, "huggingface.token")) or _secret(env.get("HUGGINGFACE_ACCESS_TOKEN")) or _secret(
@@ -292,4 +345,5 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         upload_quota_bytes=int(_typed(data, "upload_quota_mb", float, 1024.0, path) * 1024 * 1024),
         max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),
         max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
+        warnings=tuple(f"{path}: {w}" for w in unknown),
     )

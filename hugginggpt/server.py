@@ -8,9 +8,11 @@ before it runs.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,8 +218,24 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     return app
 
 
-def serve(app: Flask, host: str, port: int, threads: int = 16) -> None:
-    """Production WSGI server; each request runs on its own thread with its own state."""
-    from waitress import serve as waitress_serve
+def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hugginggpt",
+          port_option: str = "http_listen.port") -> int:
+    """Production WSGI server; each request runs on its own thread with its own state.
 
-    waitress_serve(app, host=host, port=port, threads=threads, channel_request_lookahead=1, ident="hugginggpt")
+    Returns an exit status: 2 with one line when the address cannot be taken (port in use, no permission).
+    """
+    from waitress import create_server
+
+    try:
+        server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=1, ident=ident)
+    except OSError as exc:
+        why = {errno.EADDRINUSE: "is already in use", errno.EACCES: "needs more privileges",
+               errno.EADDRNOTAVAIL: "is not an address of this machine"}.get(exc.errno, f"failed ({exc.strerror})")
+        print(f"error: {host}:{port} {why}; choose another with --port (or {port_option} in the config)",
+              file=sys.stderr)
+        return 2
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -168,3 +168,58 @@ def test_chat_huggingface_python_api(tmp_path, llm, models, models_server, publi
     assert results[0]["inference result"]["generated image"].startswith("/images/")
     answer = chat_huggingface(msgs, None, None, None, config=str(config))
     assert answer["message"].startswith("ANSWER")
+
+
+def test_a_typo_in_a_key_is_named_with_the_fix(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("local: {endpoint: 'http://127.0.0.1:9/v1'}\ndev: true\ninference_mdoe: local\n"
+                      "http_listen: {hots: 127.0.0.1}\n")
+    loaded = load_config(config)
+    assert loaded.inference_mode == "hybrid"  # the typo is not silently applied...
+    assert any("`inference_mdoe` (did you mean `inference_mode`?)" in w for w in loaded.warnings)  # ...but named
+    assert any("`http_listen.hots` (did you mean `http_listen.host`?)" in w for w in loaded.warnings)
+    with pytest.raises(ConfigError, match="inference_mdoe.*did you mean `inference_mode`"):
+        load_config(config, strict=True)
+    cli = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "text",
+                          "--input", "hi", "--strict"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "did you mean `inference_mode`" in cli.stderr and "Traceback" not in cli.stderr
+    for name in ("config.default.yaml", "config.azure.yaml", "config.lite.yaml", "config.local.yaml"):
+        shipped = load_config(ROOT / "configs" / name, env={"OPENAI_API_KEY": "sk-x", "AZURE_OPENAI_API_KEY": "k"},
+                              need_llm=False)
+        assert shipped.warnings == ()
+
+
+def test_a_config_copied_out_of_configs_still_finds_the_project_files(tmp_path):
+    copied = tmp_path / "elsewhere" / "my.yaml"
+    copied.parent.mkdir()
+    copied.write_text((ROOT / "configs" / "config.local.yaml").read_text())
+    config = load_config(copied)
+    assert config.demos["parse_task"] == ROOT / "demos" / "demo_parse_task.json"
+    assert config.catalog_path == ROOT / "data" / "p0_models.jsonl"
+    # a file beside the config wins over the project's
+    (copied.parent / "demos").mkdir()
+    (copied.parent / "demos" / "demo_parse_task.json").write_text("[]")
+    assert load_config(copied).demos["parse_task"] == copied.parent / "demos" / "demo_parse_task.json"
+
+
+def test_a_port_in_use_is_one_line(tmp_path, llm, models_server, public_dir):
+    import socket
+
+    _, models_url = models_server
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                              local_deployment="standard", local_models_dir=str(tmp_path / "no-weights"))
+        orchestrator = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode",
+                                       "server", "--host", "127.0.0.1", "--port", str(port)],
+                                      capture_output=True, text=True, timeout=60)
+        assert orchestrator.returncode == 2
+        assert f"127.0.0.1:{port} is already in use" in orchestrator.stderr and "Traceback" not in orchestrator.stderr
+        models = subprocess.run([sys.executable, str(ROOT / "models_server.py"), "--config", str(config), "--host",
+                                 "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
+        assert models.returncode == 2 and "already in use" in models.stderr and "Traceback" not in models.stderr
+        assert "local_inference_endpoint.port" in models.stderr
+        # with no weights on disk the models server says how to get them
+        assert "python -m hugginggpt.modelhost.download --config" in models.stderr
