@@ -1,0 +1,165 @@
+"""Stage 3: run the planned tasks on their models, in dependency order, as one request's tasks.
+
+The scheduler decides when a task may start; this module decides what running it means: resolve
+`<GENERATED>-N` from the results so far, fetch inputs under the URL policy, call the chosen backend and
+fall back to the next candidate, and keep one JARVIS-shaped record per task in the request's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import time
+from typing import Any
+
+from .backends import Backend, TaskInputs
+from .config import Config
+from .errors import BackendError, ResourceError
+from .plan import Plan, Task
+from .request import RequestState, collect_result
+from .resources import Resource, resolve
+from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
+from .urlpolicy import UrlPolicy
+
+log = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(self, config: Config, backends: dict[str, Backend], url_policy: UrlPolicy):
+        self.config = config
+        self.backends = backends
+        self.url_policy = url_policy
+
+    def execute(self, state: RequestState, plan: Plan) -> dict[int, Outcome]:
+        by_id = plan.by_id()
+        graph = {t.id: [d for d in t.dep if d != -1] for t in plan.tasks}
+        upfront = {t.id: t.error for t in plan.tasks if t.error}
+
+        def body(tid: int) -> dict[str, Any]:
+            result = self.run_task(state, by_id[tid])
+            with state.lock:
+                if not state.sealed:
+                    state.results[tid] = result
+            if "error" in result["inference result"]:
+                raise TaskFailed(_message(result["inference result"]["error"]), result)
+            return result
+
+        def relay(name: str, payload: dict[str, Any]) -> None:
+            payload = dict(payload)
+            if name == "task_skipped":
+                name, payload["skipped"] = "task_failed", True
+            task = by_id.get(payload.get("id"))
+            if task is not None:
+                payload["task"] = task.task
+            result = payload.pop("result", None)
+            if isinstance(result, dict):
+                payload["result"] = result.get("inference result")
+                payload["args"] = result.get("task", {}).get("args")
+            state.emit(name, payload)
+
+        scheduler = Scheduler(graph, body, max_workers=self.config.max_workers, on_event=relay, failed_upfront=upfront)
+        state.scheduler = scheduler
+        if state.cancelled.is_set():
+            scheduler.cancel()
+        remaining = state.deadline - time.monotonic()
+        outcomes = scheduler.run(timeout=max(0.1, remaining))
+        with state.lock:  # the outcome is the truth: a task that timed out has no result, even if it wrote one
+            state.sealed = True
+            for tid, outcome in outcomes.items():
+                if outcome.state not in (DONE, FAILED) or tid not in state.results:
+                    state.results[tid] = collect_result(by_id[tid], "", {"error": {"message": outcome.error
+                                                                                    or outcome.state}})
+        state.outcomes = outcomes  # type: ignore[attr-defined] - kept for timing measurements
+        return outcomes
+
+    def run_task(self, state: RequestState, planned: Task) -> dict[str, Any]:
+        task = copy.deepcopy(planned)
+        try:
+            self.resolve_refs(state, task)
+        except TaskFailed as exc:
+            return collect_result(task, "", {"error": {"message": str(exc)}})
+        sel = state.selection_of(planned)
+        if sel.error or not sel.model_id:
+            return collect_result(task, sel.choose(), {"error": {"message": sel.error or "no model selected"}})
+        if sel.hosted_on == "llm":
+            return collect_result(task, sel.choose(), {"response": self.llm_text_task(state, task)})
+        try:
+            inputs = self.inputs_for(task)
+        except ResourceError as exc:
+            return collect_result(task, sel.choose(), {"error": {"message": str(exc)}})
+        tried: list[dict[str, str]] = []
+        for model_id, backend_name in sel.fallbacks():
+            backend = self.backends.get(backend_name)
+            if backend is None:
+                continue
+            try:
+                result = backend.infer(model_id, inputs)
+            except BackendError as exc:
+                result = {"error": {"message": str(exc)}}
+            if "error" not in result:
+                choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else
+                          f"fallback after {tried[-1]['model']} failed"}
+                if tried:
+                    result = {**result, "fallback": {"tried": tried}}
+                return collect_result(task, choose, result)
+            tried.append({"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])})
+            log.warning("[%s] task %s: %s on %s failed: %s", state.request.request_id, task.id, model_id,
+                        backend_name, tried[-1]["error"])
+            if state.cancelled.is_set():
+                break
+        message = "; ".join(f"{t['model']} ({t['hosted_on']}): {t['error']}" for t in tried) or "no backend"
+        return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
+                                                             "tried": tried}})
+
+    def resolve_refs(self, state: RequestState, task: Task) -> None:
+        """Replace `<GENERATED>-N` with task N's output of the argument's kind, just before running."""
+        for key, value in list(task.args.items()):
+            if "<GENERATED>" not in value:
+                continue
+
+            def output_of(n: int, key: str = key) -> str:
+                with state.lock:
+                    dep = state.results.get(n)
+                if dep is None:
+                    raise TaskFailed(f"argument {key} needs the output of task {n}, which has none")
+                inf = dep["inference result"]
+                keys = {"image": ("generated image",), "audio": ("generated audio",), "text": (
+                    "generated text", "text", "response", "answer")}[key]
+                for k in keys:
+                    if isinstance(inf.get(k), str) and inf[k]:
+                        return inf[k]
+                if key == "text" and inf.get("predicted") is not None:
+                    return json.dumps(inf["predicted"], ensure_ascii=False)
+                if key in dep["task"]["args"] and "<GENERATED>" not in dep["task"]["args"][key]:
+                    return dep["task"]["args"][key]  # JARVIS: fall back to the dependency's own input
+                raise TaskFailed(f"argument {key} needs a {key} from task {n}, which produced none")
+
+            task.args[key] = re.sub(r"<GENERATED>-(\d+)", lambda m: output_of(int(m.group(1))), value)
+
+    def inputs_for(self, task: Task) -> TaskInputs:
+        def res(name: str) -> Resource | None:
+            value = task.args.get(name)
+            if not value:
+                return None
+            return resolve(value, self.config.public_dir, self.config.max_fetch_bytes, self.config.fetch_timeout,
+                           self.config.proxy, self.url_policy)
+
+        return TaskInputs(task=task.task, text=task.args.get("text"), image=res("image"), audio=res("audio"))
+
+    def llm_text_task(self, state: RequestState, task: Task) -> str:
+        prompt = (
+            f"The request [ {state.request.user_input} ] contains this task in JSON: {json.dumps(task.to_dict())}. "
+            f"Act as a {task.task} system with the arguments {json.dumps(task.args, ensure_ascii=False)} and give "
+            "only the result, as plain text without URLs."
+        )
+        return state.llm.chat([{"role": "user", "content": prompt}])
+
+    # -- stage 4 ----------------------------------------------------------------------------------
+
+
+def _message(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message", error))
+    return str(error)

@@ -1,0 +1,139 @@
+"""One request as the client sent it, and everything it owns while it runs (plain data, one per request)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadRequest, LLMError
+from .llm import DeadlineLLM, LLMClient
+from .plan import Task
+from .scheduler import Scheduler
+from .select import Selection
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[str, dict[str, Any]], None]
+MAX_MESSAGES = 200
+MAX_CONTENT_CHARS = 100_000
+
+
+
+@dataclass
+class ChatRequest:
+    """One request as the client sent it; validated by `from_body`."""
+
+    messages: list[dict[str, str]]
+    api_key: str | None = None
+    api_type: str | None = None
+    api_endpoint: str | None = None
+    model: str | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @classmethod
+    def from_body(cls, body: Any) -> ChatRequest:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object with a `messages` list")
+        messages = validate_messages(body.get("messages"))
+        fields = {}
+        for key in ("api_key", "api_type", "api_endpoint", "model"):
+            value = body.get(key)
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"`{key}` must be a string")
+            if value:
+                _check_unicode(value, f"`{key}`")
+            fields[key] = value or None
+        return cls(messages=messages, **fields)
+
+    @property
+    def user_input(self) -> str:
+        return self.messages[-1]["content"]
+
+
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    if messages is None:
+        raise BadRequest("`messages` is required: a list of {\"role\", \"content\"} objects, the last one the request")
+    if not isinstance(messages, list):
+        raise BadRequest("`messages` must be a list of {\"role\", \"content\"} objects")
+    if not messages:
+        raise BadRequest("`messages` is empty: send at least one user message")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"`messages` has {len(messages)} items; at most {MAX_MESSAGES} are accepted")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object with `role` and `content`")
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant", "system"):
+            raise BadRequest(f"messages[{i}].role must be user, assistant or system, got {role!r}")
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string")
+        if len(content) > MAX_CONTENT_CHARS:
+            raise BadRequest(f"messages[{i}].content is longer than {MAX_CONTENT_CHARS} characters")
+        _check_unicode(content, f"messages[{i}].content")
+        clean.append({"role": role, "content": content})
+    if not clean[-1]["content"].strip():
+        raise BadRequest("the last message is empty: it must hold the request")
+    return clean
+
+
+def _check_unicode(value: str, where: str) -> None:
+    """JSON can carry lone UTF-16 surrogates (\\ud800) that no UTF-8 consumer downstream accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+
+
+def collect_result(task: Task, choose: dict[str, str] | str, inference: dict[str, Any]) -> dict[str, Any]:
+    """JARVIS's per-task record."""
+    return {"task": task.to_dict(), "inference result": inference, "choose model result": choose}
+
+
+class RequestState:
+    """Everything one request owns: its LLM client, plan, selections, results and events."""
+
+    def __init__(self, request: ChatRequest, llm: LLMClient, on_event: EventSink | None, timeout: float):
+        self.request = request
+        self.started = time.perf_counter()
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.llm = DeadlineLLM(llm, self.deadline)
+        self._sink = on_event
+        self.results: dict[int, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.selections: dict[int, Future] = {}
+        self.scheduler: Scheduler | None = None
+        self.cancelled = threading.Event()
+        self.sealed = False  # set under `lock` when execution ends: late task results are dropped
+
+    def emit(self, name: str, payload: dict[str, Any]) -> None:
+        if self._sink is None:
+            return
+        event = {"event": name, "request_id": self.request.request_id,
+                 "t": round(time.perf_counter() - self.started, 4), **payload}
+        try:
+            self._sink(name, event)
+        except Exception:  # noqa: BLE001 - a broken listener must not break the request
+            log.exception("[%s] event listener failed", self.request.request_id)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        if self.scheduler is not None:
+            self.scheduler.cancel()
+
+    def selection_of(self, task: Task, timeout: float | None = None) -> Selection:
+        """The model chosen for `task`, waiting for it if selection is still running."""
+        fut = self.selections[task.id]
+        try:
+            return fut.result(timeout=timeout)
+        except LLMError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            return Selection(task.id, task.task, None, None, "", error=f"model selection failed: {exc}")
