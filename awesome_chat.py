@@ -57,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="override http_listen.host")
     parser.add_argument("--port", type=int, help="override http_listen.port")
     parser.add_argument("--strict", action="store_true", help="an unknown config key is an error, not a warning")
+    parser.add_argument("--verbose", action="store_true", help="cli/text: keep library progress bars and warnings")
     args = parser.parse_args(argv)
+    if args.mode != "server" and not args.verbose:
+        from hugginggpt.cli import quiet_libraries
+
+        quiet_libraries()
 
     from hugginggpt.logs import setup_logging
 

@@ -188,7 +188,7 @@ class HuggingGPT:
         sel: Selection = fut.result()
         state.emit("model_selected", {"id": task.id, "task": task.task, "model": sel.model_id,
                                       "hosted_on": sel.hosted_on, "reason": sel.reason, "error": sel.error,
-                                      "candidates": sel.available})
+                                      "candidates": sel.available, "seconds": round(sel.seconds, 4)})
 
     def decisions(self, state: RequestState, plan: Plan) -> dict[str, Any]:
         selections: dict[str, Any] = {}

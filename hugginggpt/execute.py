@@ -21,6 +21,7 @@ from .plan import Plan, Task
 from .request import RequestState, collect_result
 from .resources import Resource, resolve
 from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
+from .select import Selection
 from .urlpolicy import UrlPolicy
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ class Executor:
             task = by_id.get(payload.get("id"))
             if task is not None:
                 payload["task"] = task.task
+            if name in ("task_finished", "task_failed") and not payload.get("skipped"):
+                with state.lock:
+                    seconds = state.model_seconds.get(payload.get("id"))
+                if seconds is not None:
+                    payload["model_seconds"] = round(seconds, 4)
             result = payload.pop("result", None)
             if isinstance(result, dict):
                 payload["result"] = result.get("inference result")
@@ -89,6 +95,15 @@ class Executor:
             inputs = self.inputs_for(task)
         except ResourceError as exc:
             return collect_result(task, sel.choose(), {"error": {"message": str(exc)}})
+        started = time.perf_counter()
+        try:
+            return self._run_on_models(state, task, sel, inputs)
+        finally:
+            with state.lock:
+                state.model_seconds[task.id] = time.perf_counter() - started
+
+    def _run_on_models(self, state: RequestState, task: Task, sel: Selection, inputs: TaskInputs) -> dict[str, Any]:
+        """The chosen model, then the other available candidates, until one succeeds."""
         tried: list[dict[str, str]] = []
         for model_id, backend_name in sel.fallbacks():
             backend = self.backends.get(backend_name)

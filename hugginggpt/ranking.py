@@ -67,7 +67,8 @@ class SemanticRanker:
         self._encoder()
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return np.asarray(self._encoder().encode(texts, normalize_embeddings=True, batch_size=64), dtype="float32")
+        vectors = self._encoder().encode(texts, normalize_embeddings=True, batch_size=64, show_progress_bar=False)
+        return np.asarray(vectors, dtype="float32")
 
     def _cache_file(self, cards: list[ModelCard]) -> Path | None:
         if self.cache_dir is None:

@@ -112,6 +112,7 @@ class RequestState:
         self.scheduler: Scheduler | None = None
         self.cancelled = threading.Event()
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
+        self.model_seconds: dict[int, float] = {}  # task id -> time spent in backends (not waiting, not choosing)
 
     def emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._sink is None:

@@ -35,6 +35,7 @@ class Selection:
     reason: str
     available: dict[str, list[str]] = field(default_factory=dict)  # backend -> available ids, ranked
     error: str | None = None
+    seconds: float = 0.0  # how long choosing took (ranking, status checks, the LLM's choice)
 
     def choose(self) -> dict[str, str] | str:
         """JARVIS's `choose model result`: {"id", "reason"} (or "" when nothing was chosen)."""
@@ -148,6 +149,12 @@ class Selector:
         ]
 
     def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0) -> Selection:
+        started = time.perf_counter()
+        selection = self._select(user_input, task, llm, logit_bias)
+        selection.seconds = time.perf_counter() - started
+        return selection
+
+    def _select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float) -> Selection:
         base = dict(task_id=task.id, task=task.task)
         if task.task.endswith("-text-to-image") or task.task.endswith("-control"):
             if self.inference_mode == "huggingface":

@@ -146,7 +146,7 @@ def question_answering(m: Loaded, i: Inputs) -> Any:
 def sentence_similarity(m: Loaded, i: Inputs) -> Any:
     a, b = i.text(), i.text("text2")
     if hasattr(m.obj, "encode"):
-        emb = m.obj.encode([a, b], normalize_embeddings=True)
+        emb = m.obj.encode([a, b], normalize_embeddings=True, show_progress_bar=False)
         return {"score": float(np.dot(emb[0], emb[1]))}
     feats = [np.asarray(m.obj(t)[0]).mean(axis=0) for t in (a, b)]
     return {"score": float(np.dot(feats[0], feats[1]) / (np.linalg.norm(feats[0]) * np.linalg.norm(feats[1])))}

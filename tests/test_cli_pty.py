@@ -1,0 +1,143 @@
+"""The interactive CLI driven through a pseudo-terminal, as a person at a keyboard would drive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, write_config
+
+
+class Terminal:
+    """A child process on a pty: what it prints is read back, keys are typed into it (Ctrl-C included)."""
+
+    def __init__(self, argv: list[str]):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the pty is its controlling terminal
+            os.execv(argv[0], argv)
+        self.text = ""
+
+    def read_until(self, needle: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{needle!r} did not appear; the terminal shows:\n{self.text[-3000:]}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:
+                    chunk = ""
+                if not chunk:
+                    raise AssertionError(f"the program ended before {needle!r}:\n{self.text[-3000:]}")
+                self.text += chunk
+        return self.text
+
+    def drain(self, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 4096).decode(errors="replace")
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                self.text += chunk
+        return self.text
+
+    def type(self, keys: str) -> None:
+        os.write(self.fd, keys.encode())
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def terminal(tmp_path, llm, models, models_server, public_dir):
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False)
+    term = Terminal([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "cli"])
+    yield term
+    term.close()
+
+
+def test_ctrl_c_cancels_the_running_request_and_history_keeps_files(terminal, llm, models):
+    models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 2.5
+    llm.on("parse_task", json.dumps([
+        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a slow fox"}},
+        {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+    ]), contains="slow fox")
+    terminal.read_until("[ User ]: ")
+    terminal.type("draw a slow fox\n")
+    terminal.read_until("#0 text-to-image started")
+    terminal.type("\x03")  # Ctrl-C
+    terminal.read_until("(cancelled)")
+    shown = len(terminal.text)
+    terminal.read_until("[ User ]: ")
+    later = terminal.drain(3.5)[shown:]  # the model call ends meanwhile; nothing more may be printed
+    assert "#0" not in later and "#1" not in later and "Jarvis" not in later, later
+    assert not any("nlpconnect" in c["model"] or "blip" in c["model"] for c in models.calls)  # #1 never ran
+
+    # a normal turn: model time and selection time are shown apart, files go into the history
+    models.delays.clear()
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}]),
+           contains="quick fox")
+    terminal.type("draw a quick fox\n")
+    terminal.read_until("[ Jarvis ]:")
+    assert "chosen in" in terminal.text and "done: model ran" in terminal.text
+    terminal.read_until("[ User ]: ")
+    llm.on("parse_task", "[]", contains="make it bigger")
+    terminal.type("make it bigger\n")
+    terminal.read_until("CHITCHAT")
+    planner = [r for r in llm.stage_requests("parse_task") if "make it bigger" in json.dumps(r["body"])][-1]
+    history = json.dumps(planner["body"]["messages"])
+    assert "Generated files: /images/" in history  # the follow-up can name the earlier picture
+    assert "slow fox" not in history  # the cancelled turn left no trace
+
+
+def test_text_mode_exits_non_zero_when_a_task_failed(tmp_path, llm, models, models_server, public_dir):
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False)
+    models.broken.add("stabilityai/stable-diffusion-xl-base-1.0")
+    models.models = {"stabilityai/stable-diffusion-xl-base-1.0": "text-to-image"}
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "x"}}]))
+    run = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "text",
+                          "--input", "draw x"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert "ANSWER" in run.stdout  # the answer still explains what happened
+    assert "1 task(s) failed: #0" in run.stderr
+    models.broken.clear()
+    ok = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "text",
+                         "--input", "draw x"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_the_cli_says_when_it_loads_the_ranker_and_shows_no_library_noise(tmp_path, llm, models, models_server,
+                                                                          public_dir):
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=True,
+                          cache_dir=str(tmp_path / "cache"))
+    llm.on("parse_task", json.dumps([{"task": "token-classification", "id": 0, "dep": [-1],
+                                      "args": {"text": "Anna lives in Berlin"}}]))
+    run = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "text",
+                          "--input", "find names"], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines[0] == "loading the model ranker (all-MiniLM-L6-v2)..."
+    assert all(line.startswith("  [") for line in lines[1:]), lines  # only our progress lines follow
