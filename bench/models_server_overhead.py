@@ -56,4 +56,8 @@ def main(n: int = 200) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("n", nargs="?", type=int, default=200, help="calls to time (default %(default)s)")
+    main(parser.parse_args().n)

@@ -57,4 +57,8 @@ def main(n: int = 20) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("n", nargs="?", type=int, default=20, help="requests to time (default %(default)s)")
+    main(parser.parse_args().n)

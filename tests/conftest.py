@@ -129,8 +129,8 @@ class RunningServer:
         return self.log.read_text(errors="replace")
 
 
-def start_server(config: Path, folder: Path, env: dict[str, str] | None = None) -> RunningServer:
-    port = free_port()
+def start_server(config: Path, folder: Path, env: dict[str, str] | None = None, port: int | None = None) -> RunningServer:
+    port = port or free_port()
     log = folder / f"server-{port}.log"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "server", "--port",

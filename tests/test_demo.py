@@ -1,0 +1,57 @@
+"""The offline demo as a new user runs it: quiet start, a working page, and a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from tests.conftest import ROOT, free_port
+
+
+def demo_processes() -> list[str]:
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = open(cmdline, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "hugginggpt-demo-" in text:
+            found.append(text)
+    return found
+
+
+def test_the_demo_starts_quietly_serves_and_cleans_up():
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "hugginggpt-demo-*")))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if line.startswith("demo ready"):
+                break
+        assert lines and lines[-1] == f"demo ready: http://127.0.0.1:{port}/  (Ctrl-C stops it)", lines
+        assert len(lines) <= 3, lines  # no wall of library warnings before the URL
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+        answer = requests.post(f"http://127.0.0.1:{port}/hugginggpt",
+                               json={"messages": [{"role": "user", "content": "a red fox"}]}, timeout=120).json()
+        assert "offline demo" in answer["message"] and "/images/" in answer["message"]
+        assert demo_processes(), "the demo's servers should be running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "demo stopped" in out
+    assert demo_processes() == []  # both child servers are gone
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hugginggpt-demo-*"))) == before  # folder removed
