@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, NoLLMConfigured
 
 PLACEHOLDER_PREFIX = "REPLACE_WITH"
 API_TYPES = ("openai", "azure", "local")
@@ -211,20 +211,20 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
     if _get(data, "dev", False) or ("local" in data and "openai" not in data and "azure" not in data):
         endpoint = _get(data, "local.endpoint")
         if not endpoint:
-            raise ConfigError(f"{path}: `local.endpoint` is required for a local LLM (e.g. http://localhost:8006/v1)")
+            raise NoLLMConfigured(f"{path}: `local.endpoint` is required for a local LLM (e.g. http://localhost:8006/v1)")
         key = _secret(_get(data, "local.api_key")) or _secret(env.get("OPENAI_API_KEY")) or "not-needed"
         return LLMSettings(api_type="local", api_key=key, endpoint=str(endpoint), **common)
     if "azure" in data:
         azure = data.get("azure") or {}
         key = _secret(azure.get("api_key")) or _secret(env.get("AZURE_OPENAI_API_KEY"))
         if not key:
-            raise ConfigError(f"{path}: `azure.api_key` is missing (or set AZURE_OPENAI_API_KEY)")
+            raise NoLLMConfigured(f"{path}: `azure.api_key` is missing (or set AZURE_OPENAI_API_KEY)")
         base = azure.get("base_url")
         if not _secret(base):
-            raise ConfigError(f"{path}: `azure.base_url` is missing (your https://<resource>.openai.azure.com)")
+            raise NoLLMConfigured(f"{path}: `azure.base_url` is missing (your https://<resource>.openai.azure.com)")
         deployment = azure.get("deployment_name")
         if not _secret(deployment):
-            raise ConfigError(f"{path}: `azure.deployment_name` is missing")
+            raise NoLLMConfigured(f"{path}: `azure.deployment_name` is missing")
         return LLMSettings(
             api_type="azure",
             api_key=key,
@@ -236,7 +236,7 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
     if "openai" in data:
         key = _secret(_get(data, "openai.api_key")) or _secret(env.get("OPENAI_API_KEY"))
         if not key:
-            raise ConfigError(f"{path}: `openai.api_key` is missing (set it in the file or export OPENAI_API_KEY)")
+            raise NoLLMConfigured(f"{path}: `openai.api_key` is missing (set it in the file or export OPENAI_API_KEY)")
         endpoint = _get(data, "openai.base_url")
         return LLMSettings(api_type="openai", api_key=key, endpoint=endpoint, **common)
     # No backend in the file: every request must bring api_type/api_endpoint/api_key (JARVIS allows this).

@@ -14,6 +14,10 @@ class ConfigError(HuggingGPTError):
     kind = "config_error"
 
 
+class NoLLMConfigured(ConfigError):
+    """The config names an LLM backend but not its key or endpoint (the offline demo still works)."""
+
+
 class BadRequest(HuggingGPTError):
     """The client sent something we cannot act on (HTTP 400)."""
 

@@ -1,0 +1,45 @@
+"""`make run`: start the HuggingGPT server with the config, or the offline demo when no LLM is configured.
+
+    python tools/start.py [--config configs/config.default.yaml] [--port 8004]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/config.default.yaml")
+    parser.add_argument("--port", type=int, default=8004)
+    args = parser.parse_args(argv)
+    from hugginggpt.config import load_config
+    from hugginggpt.errors import ConfigError, NoLLMConfigured
+
+    try:
+        config = load_config(args.config)
+        missing = config.llm.api_type is None
+        reason = "the config names no LLM backend and OPENAI_API_KEY is not set"
+    except NoLLMConfigured as exc:
+        missing, reason = True, str(exc)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if missing:
+        print(f"no LLM configured ({reason}): export OPENAI_API_KEY=sk-..., or run `make run "
+              "CONFIG=configs/config.local.yaml` with your vLLM/Ollama/llama.cpp server in local.endpoint; "
+              "starting the offline demo instead", file=sys.stderr, flush=True)
+        os.execv(sys.executable, [sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(args.port)])
+    os.execv(sys.executable, [sys.executable, str(ROOT / "awesome_chat.py"), "--config", args.config, "--mode",
+                              "server", "--port", str(args.port)])
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
