@@ -209,6 +209,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     def index() -> Response:
         return send_from_directory(WEB_DIR, "index.html")
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml", max_age=86400)
+
     @app.get("/<path:filename>")
     def public_files(filename: str) -> Response:
         if "/" + filename in MODES:

@@ -135,3 +135,67 @@ def test_the_page_sends_the_server_token_from_its_settings(tmp_path, llm, models
         assert page.evaluate("s => fetch(s).then(r => r.status)", src) == 200
     finally:
         stop_server(srv)
+
+
+RESULTS_DAG = json.dumps([
+    {"task": "image-classification", "id": 0, "dep": [-1], "args": {"image": "/examples/red.png"}},
+    {"task": "object-detection", "id": 1, "dep": [-1], "args": {"image": "/examples/red.png"}},
+    {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
+    {"task": "image-to-text", "id": 3, "dep": [-1], "args": {"image": "/examples/missing.png"}},
+])
+HOSTILE_ANSWER = ("**Done.** The cat is in `/examples/red.png`.\n- first\n- second\n"
+                  "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>"
+                  "[click](javascript:window.pwned=3) [home](//evil.example/x)")
+
+
+def run_results_page(server, llm, page, width: int):
+    llm.on("parse_task", RESULTS_DAG, contains="show results")
+    llm.on("response_results", HOSTILE_ANSWER)
+    page.set_viewport_size({"width": width, "height": 800})
+    page.goto(server.url + "/")
+    page.fill("#input", "show results")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_results_render_for_people_at_phone_and_desktop_width(server, llm, models, page, width):
+    run_results_page(server, llm, page, width)
+    page.screenshot(path=str(ARTIFACTS / f"web-results-{width}.png"), full_page=True)
+    # nothing overflows sideways; the text box stays usable on a phone
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    assert page.evaluate("document.querySelector('#input').getBoundingClientRect().width") >= min(300, width * 0.7)
+    # labels as ranked bars, best first; boxes drawn on the picture; entities as chips
+    bars = page.locator('.task[data-id="0"] .bar .lbl').all_inner_texts()
+    assert bars == ["tabby cat", "dog"]
+    assert page.locator('.task[data-id="1"] img').count() == 1 and page.locator('.task[data-id="1"] .bar').count() == 1
+    assert "Anna · PER" in page.inner_text('.task[data-id="2"] .chips')
+    # JSON only behind the raw toggle
+    raw = page.locator('.task[data-id="0"] details.raw')
+    assert raw.count() == 1 and raw.get_attribute("open") is None
+    assert '"score"' not in page.locator('.task[data-id="0"]').inner_text()
+    # a failed task's error is shown once
+    failed = page.inner_text('.task[data-id="3"]')
+    assert failed.count("file not found") == 1
+    # the answer is Markdown, rendered without letting model output inject HTML or scripts
+    bubble = page.locator("#chat .assistant")
+    assert bubble.locator("strong").inner_text() == "Done." and bubble.locator("li").count() == 2
+    assert bubble.locator("img, script").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert "<img src=x" in bubble.inner_text()  # shown as text
+    hrefs = bubble.locator("a").evaluate_all("as => as.map(a => a.getAttribute('href'))")
+    assert not any(h.startswith("javascript") or h.startswith("//") for h in hrefs)
+
+
+def test_the_page_thinks_visibly_and_has_a_favicon(server, llm, models, page):
+    models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 1.5
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}]),
+           contains="slow fox")
+    page.goto(server.url + "/")
+    page.fill("#input", "draw a slow fox")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat .assistant.thinking", timeout=5000)
+    page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
+    assert page.locator("#chat .assistant.thinking").count() == 0
+    icon = requests.get(server.url + "/favicon.ico", timeout=5)
+    assert icon.status_code == 200 and icon.headers["Content-Type"].startswith("image/svg+xml")
