@@ -140,7 +140,8 @@ def test_the_page_sends_the_server_token_from_its_settings(tmp_path, llm, models
 RESULTS_DAG = json.dumps([
     {"task": "image-classification", "id": 0, "dep": [-1], "args": {"image": "/examples/red.png"}},
     {"task": "object-detection", "id": 1, "dep": [-1], "args": {"image": "/examples/red.png"}},
-    {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
+    {"task": "token-classification", "id": 2, "dep": [-1],
+     "args": {"text": "Anna lives in Berlin /images/" + "0123456789abcdef" * 4 + ".png"}},  # a long unbroken word
     {"task": "image-to-text", "id": 3, "dep": [-1], "args": {"image": "/examples/missing.png"}},
 ])
 HOSTILE_ANSWER = ("**Done.** The cat is in `/examples/red.png`.\n- first\n- second\n"
