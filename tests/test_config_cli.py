@@ -223,3 +223,15 @@ def test_a_port_in_use_is_one_line(tmp_path, llm, models_server, public_dir):
         assert "local_inference_endpoint.port" in models.stderr
         # with no weights on disk the models server says how to get them
         assert "python -m hugginggpt.modelhost.download --config" in models.stderr
+
+
+@pytest.mark.parametrize("script", ["bench/dependency_hops.py", "bench/models_server_overhead.py",
+                                    "bench/stream_latency.py", "tools/build_catalog.py", "tools/demo.py",
+                                    "tools/mutate.py", "tools/start.py", "models_server.py", "awesome_chat.py"])
+def test_every_script_answers_help_without_side_effects(script):
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    run = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=30,
+                         cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.startswith("usage:"), run.stderr
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before  # nothing written (the catalog builder used to rewrite its file)
