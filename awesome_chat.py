@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=engine.warm, name="warm-ranker", daemon=True).start()
         host, port = args.host or config.http_host, args.port or config.http_port
         print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.redacted()})", file=sys.stderr, flush=True)
-        return serve(create_app(config, engine), host, port)
+        threads = config.http_threads or config.max_concurrent_requests + 16
+        return serve(create_app(config, engine), host, port, threads=threads)
     from hugginggpt.cli import run_cli, run_text
 
     if args.mode == "text":

@@ -41,7 +41,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "max_fetch_bytes", "fetch_timeout", "local_models_dir", "memory_budget_gb", "semantic_ranking", "cache_dir",
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
-        "max_context_tokens")},
+        "max_context_tokens", "max_concurrent_requests", "http_threads")},
 }
 
 
@@ -130,6 +130,8 @@ class Config:
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
+    max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
+    http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
     # deployment and access control (see README "Deploying it")
     url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
@@ -189,6 +191,13 @@ def _strings(data: dict, key: str, path: Path, env_value: str | None = None) -> 
     if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
         raise ConfigError(f"{path}: `{key}` must be a list of strings")
     return tuple(s for s in (str(v).strip() for v in value) if s)
+
+
+def _positive(data: dict, key: str, default: int, path: Path) -> int:
+    value = _typed(data, key, int, default, path)
+    if value < 0 or (value == 0 and key in data):
+        raise ConfigError(f"{path}: `{key}` must be a positive whole number, got {value!r}")
+    return value
 
 
 def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: Path) -> str:
@@ -346,4 +355,6 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),
         max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
         warnings=tuple(f"{path}: {w}" for w in unknown),
+        max_concurrent_requests=_positive(data, "max_concurrent_requests", 64, path),
+        http_threads=_positive(data, "http_threads", 0, path) or None,
     )

@@ -119,7 +119,24 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
             raise BadRequest(f"the request body must be JSON, {example}; this is not valid JSON") from None
         return body
 
+    slots = threading.BoundedSemaphore(config.max_concurrent_requests)
+
     def handle(path: str) -> Response:
+        """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue."""
+        if not slots.acquire(blocking=False):
+            resp = error_response(f"the server is running {config.max_concurrent_requests} requests "
+                                  "(max_concurrent_requests); retry shortly", 429, "rate_limit_error")
+            resp.headers["Retry-After"] = "1"
+            return resp
+        try:
+            resp = answer(path)
+        except BaseException:
+            slots.release()
+            raise
+        resp.call_on_close(slots.release)  # a stream holds its slot until the client has it all (or leaves)
+        return resp
+
+    def answer(path: str) -> Response:
         body = read_body()
         chat_request = ChatRequest.from_body(body)
         mode = MODES[path]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import requests
 
@@ -215,3 +216,40 @@ def test_request_deadline_reports_what_finished(tmp_path, llm, models, models_se
     finally:
         stop_server(srv)
         requests.get(models_url + "/running", timeout=5)
+
+
+def test_past_max_concurrent_requests_a_client_gets_429_not_a_queue(tmp_path, llm, models, models_server, public_dir):
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                          max_concurrent_requests=2)
+    srv = start_server(config, tmp_path)
+    try:
+        models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 1.5
+        llm.on("parse_task", plan(("text-to-image", [-1], {"text": "slow"})))
+        answers: list[requests.Response] = []
+
+        def go():
+            answers.append(srv.post("/results", ask("draw slowly")))
+
+        busy = [threading.Thread(target=go) for _ in range(2)]
+        [t.start() for t in busy]
+        time.sleep(0.5)  # both are running now
+        started = time.monotonic()
+        third = srv.post("/results", ask("draw slowly"))
+        assert time.monotonic() - started < 0.5  # answered at once, not queued
+        assert third.status_code == 429 and third.headers["Retry-After"] == "1"
+        assert "max_concurrent_requests" in third.json()["error"]["message"]
+        [t.join() for t in busy]
+        assert [a.status_code for a in answers] == [200, 200]
+        # slots come back, also from a stream the client left early
+        with requests.post(srv.url + "/tasks", json=ask("go", stream=True), stream=True, timeout=10) as resp:
+            next(resp.iter_lines())
+        time.sleep(1.5)  # the server notices the client left
+        models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 0.5
+        answers.clear()
+        again = [threading.Thread(target=go) for _ in range(2)]
+        [t.start() for t in again]
+        [t.join() for t in again]
+        assert [a.status_code for a in answers] == [200, 200]  # both slots were free again
+    finally:
+        stop_server(srv)
