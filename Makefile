@@ -8,11 +8,11 @@ PORT   ?= 8004
 
 .PHONY: setup run test demo
 
-$(VENV)/.installed: requirements.txt requirements-models.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-models.txt requirements-ray.txt requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0  # first, so nothing pulls a multi-GB CUDA build
-	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-dev.txt
+	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-ray.txt -r requirements-dev.txt
 	touch $@
 
 setup: $(VENV)/.installed

@@ -6,10 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from hugginggpt.config import load_config
 from hugginggpt.errors import ConfigError
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="override local_inference_endpoint.port")
     parser.add_argument("--preload", action="store_true", help="load every servable model at start")
     parser.add_argument("--strict", action="store_true", help="an unknown config key is an error, not a warning")
+    parser.add_argument("--engine", choices=["flask", "ray"], default="flask",
+                        help="flask: models in this process; ray: models in Ray Serve replicas (pip install "
+                             "-r requirements-ray.txt)")
+    parser.add_argument("--address", help="ray: join this Ray cluster (e.g. ray://head:10001 or auto) instead of "
+                                          "starting a local instance")
+    parser.add_argument("--replicas", type=int, default=1, help="ray: replicas per deployment (default 1)")
+    parser.add_argument("--models-per-replica", type=int, default=3,
+                        help="ray: models one replica holds before the least recently used is unloaded (default 3)")
     args = parser.parse_args(argv)
 
     from hugginggpt.logs import setup_logging
@@ -41,16 +54,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     registry = Registry(config.local_deployment, config.local_models_dir, catalog_path=config.catalog_path)
     budget = int(config.memory_budget_gb * 1024**3) if config.memory_budget_gb else None
-    pool = ModelPool(registry, device, budget)
     servable = [s for s in registry.specs.values() if registry.servable(s)]
+    if args.engine == "ray":
+        try:
+            from hugginggpt.modelhost.ray_engine import RayEngine
+        except ImportError:
+            print("error: --engine ray needs Ray Serve: pip install -r requirements-ray.txt", file=sys.stderr)
+            return 2
+        engine = RayEngine(registry, device, config.catalog_path, config.public_dir, address=args.address,
+                           replicas=args.replicas, models_per_replica=args.models_per_replica,
+                           max_pixels=config.max_image_pixels, timeout=config.task_timeout)
+    else:
+        engine = ModelPool(registry, device, budget)
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
           f"from {config.local_models_dir} on {device}", file=sys.stderr, flush=True)
     if len(servable) < len(registry.specs):
         print(f"  the other {len(registry.specs) - len(servable)} need weights in {config.local_models_dir}: "
               f"python -m hugginggpt.modelhost.download --config {args.config} --dry-run lists them "
               "(drop --dry-run to fetch)", file=sys.stderr, flush=True)
-    if args.preload:
-        pool.preload(servable)
+    if args.preload and args.engine == "flask":
+        engine.preload(servable)
     from hugginggpt.server import serve
 
     host = args.host or config.models_host
@@ -58,10 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {host} without models_server_token: anyone who can reach this port can run "
               "models; set models_server_token (or HUGGINGGPT_MODELS_TOKEN) here and in the orchestrator's config",
               file=sys.stderr, flush=True)
-    app = create_app(pool, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
+    signal.signal(signal.SIGTERM, _stop)  # SIGTERM ends like Ctrl-C, so the engine (Ray too) shuts down
+    app = create_app(engine, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
                      max_pixels=config.max_image_pixels)
-    return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
-                 port_option="local_inference_endpoint.port")
+    try:
+        return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
+                     port_option="local_inference_endpoint.port")
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
-"""Flask app of the local models server (JARVIS protocol plus `GET /models` and its output files)."""
+"""Flask app of the local models server (JARVIS protocol plus `GET /models` and its output files).
+
+The app speaks the protocol; an engine runs the models: `ModelPool` in this process, or `RayEngine`
+(`ray_engine.py`), whose Ray Serve replicas hold the models. Both answer `registry`, `device`,
+`loaded()` and `infer(spec, inputs)`.
+"""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, Protocol
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -12,9 +18,9 @@ from ..access import bearer_ok, send_public_file
 from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
-from .handlers import Inputs, handle
-from .pool import ModelPool, ModelUnavailable
-from .registry import Registry
+from .handlers import Inputs
+from .pool import InferenceFailed, ModelUnavailable
+from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +31,16 @@ def _error(message: str, status: int) -> Response:
     return resp
 
 
-def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
+class Engine(Protocol):
+    registry: Registry
+    device: str
+
+    def loaded(self) -> dict[str, Any]: ...  # model id -> an object with `nbytes`
+
+    def infer(self, spec: ModelSpec, inputs: Inputs) -> Any: ...
+
+
+def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
                token: str | None = None, policy: UrlPolicy | None = None,
                max_pixels: int = DEFAULT_MAX_PIXELS) -> Flask:
     """token: every route (files included) needs `Authorization: Bearer <token>` when set."""
@@ -87,12 +102,13 @@ def create_app(pool: ModelPool, public_dir: Path, max_body_bytes: int = 50 * 102
             return _error(f"weights for {model_id} are not in {registry.models_dir / model_id}", 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
         try:
-            with pool.use(spec) as loaded:
-                result = handle(spec.task, loaded, inputs)
+            result = pool.infer(spec, inputs)
         except (BadRequest, ResourceError) as exc:
             return _error(str(exc), 400)
         except ModelUnavailable as exc:
             return _error(str(exc), 404)
+        except InferenceFailed as exc:
+            return _error(f"{model_id} failed: {exc}", 500)
         except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
             log.exception("inference with %s failed", model_id)
             return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)

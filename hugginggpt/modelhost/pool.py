@@ -24,6 +24,10 @@ class ModelUnavailable(Exception):
     """The model is in the registry but its weights are not on disk."""
 
 
+class InferenceFailed(Exception):
+    """The model raised while running a request (reported as a 500 naming the model)."""
+
+
 @dataclass
 class Loaded:
     spec: ModelSpec
@@ -218,6 +222,13 @@ class ModelPool:
                 torch.cuda.empty_cache()
         except Exception:  # noqa: BLE001
             pass
+
+    def infer(self, spec: ModelSpec, inputs: Any) -> Any:
+        """Run one request on the model, loading it first if needed (the engine interface of the app)."""
+        from .handlers import handle  # the handlers use Loaded from here
+
+        with self.use(spec) as loaded:
+            return handle(spec.task, loaded, inputs)
 
     def preload(self, specs: list[ModelSpec]) -> None:
         for spec in specs:

@@ -23,11 +23,15 @@ class ModelSpec:
     pipeline_task: str | None = None  # for loader "pipeline"
     base_model: str | None = None  # for ControlNet: the Stable Diffusion weights it plugs into
     needs_weights: bool = True
+    gpu_fraction: float = 0.25  # the share of one GPU a Ray Serve replica asks for to hold this model
 
     def included_in(self, deployment: str) -> bool:
         return LEVELS[self.level] <= LEVELS[deployment]
 
 
+# The share of a GPU each kind of model gets on Ray Serve unless its catalog row says `"gpu": x`:
+# diffusion pipelines need most of a card, annotators none.
+GPU_SHARE = {"diffusers": 0.5, "controlnet": 0.5, "annotator": 0.0}
 DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "p0_models.jsonl"
 
 
@@ -47,7 +51,8 @@ def load_specs(catalog_path: Path = DEFAULT_CATALOG) -> tuple[ModelSpec, ...]:
         try:
             specs.append(ModelSpec(id=row["id"], task=row["task"], loader=local["loader"], level=local["level"],
                                    pipeline_task=local.get("pipeline_task"), base_model=local.get("base_model"),
-                                   needs_weights=bool(local.get("needs_weights", True))))
+                                   needs_weights=bool(local.get("needs_weights", True)),
+                                   gpu_fraction=float(local.get("gpu", GPU_SHARE.get(local["loader"], 0.25)))))
         except KeyError as exc:
             raise ValueError(f"{catalog_path}:{n}: the `local` object of {row.get('id')} lacks {exc}") from None
     return tuple(specs)

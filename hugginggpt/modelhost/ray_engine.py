@@ -1,0 +1,167 @@
+"""The models server's engine on Ray Serve: models live in replicas, placed by model multiplexing.
+
+The JARVIS protocol stays in the Flask app (`app.py`), which now forwards each inference to a Ray Serve
+deployment through a handle with `multiplexed_model_id=<model id>`: Serve routes the request to a replica
+that already holds that model (loading it on one otherwise), and each replica keeps at most
+`models_per_replica` models, least recently used out first. Models that need different GPU shares (from the
+registry) go to different deployments, so a replica's `num_gpus` fits what it holds.
+
+Inputs are resolved at the front (public/ paths, URLs under the URL policy) and travel to the replica as
+bytes; files a replica generates come back as bytes and are written into the front's public/, so replicas
+on other machines need no shared disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadRequest
+from ..resources import resolve
+from .handlers import Inputs
+from .pool import InferenceFailed, ModelUnavailable
+from .registry import ModelSpec, Registry
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "hugginggpt-models"
+OUTPUT_PATH = re.compile(r"^/(images|audios|videos)/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def replica_class(models_per_replica: int):
+    """The deployment class; built lazily so that importing this module never imports Ray."""
+    from ray import serve
+
+    class ModelReplica:
+        def __init__(self, deployment: str, models_dir: str, catalog_path: str, device: str, max_pixels: int):
+            self.registry = Registry(deployment, Path(models_dir), catalog_path=Path(catalog_path))
+            self.device = device
+            self.max_pixels = max_pixels
+            self.locks: dict[str, asyncio.Lock] = {}
+
+        @serve.multiplexed(max_num_models_per_replica=models_per_replica)
+        async def get_model(self, model_id: str) -> Any:
+            from .pool import Loaded, load, memory_of
+
+            spec = self.registry.get(model_id)
+            if spec is None or not self.registry.servable(spec):
+                raise ModelUnavailable(f"this replica cannot serve {model_id}")
+            started = time.perf_counter()
+            obj = await asyncio.to_thread(load, spec, self.registry, self.device)
+            return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
+
+        async def infer(self, body: dict[str, Any]) -> dict[str, Any]:
+            model_id = serve.get_multiplexed_model_id()
+            try:
+                loaded = await self.get_model(model_id)
+            except ModelUnavailable as exc:
+                return {"error": {"kind": "unavailable", "message": str(exc)}}
+            lock = self.locks.setdefault(model_id, asyncio.Lock())
+            async with lock:  # one request at a time per model, as in the single-process server
+                return await asyncio.to_thread(self._run, loaded, body)
+
+        def _run(self, loaded: Any, body: dict[str, Any]) -> dict[str, Any]:
+            from ..errors import ResourceError
+            from .handlers import handle
+
+            with tempfile.TemporaryDirectory(prefix="replica-") as tmp:
+                inputs = Inputs(body=body, public_dir=Path(tmp), max_pixels=self.max_pixels)
+                try:
+                    result = handle(loaded.spec.task, loaded, inputs)
+                except (BadRequest, ResourceError) as exc:
+                    return {"error": {"kind": "bad_request", "message": str(exc)}}
+                except Exception as exc:  # noqa: BLE001 - the model's failure, reported to the front
+                    log.exception("inference with %s failed", loaded.spec.id)
+                    return {"error": {"kind": "failed", "message": f"{exc.__class__.__name__}: {str(exc)[:300]}"}}
+                files = {}
+                for path in output_paths(result):
+                    files[path] = (Path(tmp) / path.lstrip("/")).read_bytes()
+                return {"result": result, "files": files}
+
+    return ModelReplica
+
+
+def output_paths(result: Any) -> list[str]:
+    if not isinstance(result, dict):
+        return []
+    paths = [result["path"]] if isinstance(result.get("path"), str) else []
+    paths += [p for p in result.get("paths", []) if isinstance(p, str)] if isinstance(result.get("paths"), list) else []
+    return paths
+
+
+class RayEngine:
+    """Start (or join) Ray, deploy the replicas, and forward each inference by model id."""
+
+    def __init__(self, registry: Registry, device: str, catalog_path: Path, public_dir: Path, *,
+                 address: str | None = None, replicas: int = 1, models_per_replica: int = 3,
+                 max_pixels: int = 40_000_000, timeout: float = 300.0):
+        import ray
+        from ray import serve
+
+        self.registry = registry
+        self.device = f"ray ({device})"
+        self.public_dir = public_dir
+        self.timeout = timeout
+        self.joined = bool(address)
+        self.app_names: list[str] = []
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        serve.start(http_options={"location": "NoServer"})  # the protocol is served by the Flask front
+        cls = serve.deployment(replica_class(models_per_replica))
+        self.handles: dict[float, Any] = {}
+        for share in sorted({self.gpu_share(s, device) for s in registry.specs.values()}):
+            name = f"models-gpu{share:g}"
+            deployment = cls.options(name=name, num_replicas=replicas,
+                                     ray_actor_options={"num_cpus": 0, "num_gpus": share})
+            app = deployment.bind(registry.deployment, str(registry.models_dir), str(catalog_path), device, max_pixels)
+            self.app_names.append(f"{APP_NAME}-{name}")
+            self.handles[share] = serve.run(app, name=self.app_names[-1], route_prefix=None)
+        self.device_name = device
+        log.info("Ray Serve: %d deployment(s), %d replica(s) each, %d models per replica",
+                 len(self.handles), replicas, models_per_replica)
+
+    @staticmethod
+    def gpu_share(spec: ModelSpec, device: str) -> float:
+        return spec.gpu_fraction if device.startswith("cuda") else 0.0
+
+    def loaded(self) -> dict[str, Any]:
+        return {}  # models live in the replicas; Serve's own status tells where
+
+    def infer(self, spec: ModelSpec, inputs: Inputs) -> Any:
+        body = dict(inputs.body)
+        for key in ("img_url", "audio_url"):  # resolved here, under this server's URL policy and public/
+            if isinstance(body.get(key), str) and body[key]:
+                body[key] = resolve(body[key], inputs.public_dir, inputs.max_bytes, inputs.timeout,
+                                    policy=inputs.policy).data_uri()
+        handle = self.handles[self.gpu_share(spec, self.device_name)]
+        out = handle.options(multiplexed_model_id=spec.id).infer.remote(body).result(timeout_s=self.timeout)
+        error = out.get("error")
+        if error:
+            if error["kind"] == "bad_request":
+                raise BadRequest(error["message"])
+            if error["kind"] == "unavailable":
+                raise ModelUnavailable(error["message"])
+            raise InferenceFailed(error["message"])
+        for path, data in out.get("files", {}).items():
+            if not OUTPUT_PATH.match(path):
+                raise InferenceFailed(f"a replica named an output outside images/audios/videos: {path[:100]!r}")
+            target = self.public_dir / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return out["result"]
+
+    def close(self) -> None:
+        """Joined a cluster: remove our applications from it. Started Ray here: stop it, replicas included."""
+        import ray
+        from ray import serve
+
+        try:
+            if self.joined:
+                for name in self.app_names:
+                    serve.delete(name)
+        finally:
+            ray.shutdown()

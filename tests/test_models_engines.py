@@ -1,0 +1,163 @@
+"""The models server's protocol, the same suite against both engines: in-process (flask) and Ray Serve.
+
+Each engine runs the real `models_server.py --engine ...` on tiny models with a token; the tests talk
+JARVIS's protocol to it over HTTP and check what a client would: statuses, answers, output files, errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from PIL import Image
+
+from tests.conftest import ROOT, free_port, make_public
+from tests.tiny_models import image_classifier, text_classifier
+
+TOKEN = "engine-token-1"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TEXT = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"
+IMAGE = "google/vit-base-patch16-224"
+RAY_MISSING = importlib.util.find_spec("ray") is None
+
+
+@pytest.fixture(scope="module", params=["flask", pytest.param("ray", marks=pytest.mark.skipif(
+    RAY_MISSING, reason="ray[serve] is not installed: pip install -r requirements-ray.txt"))])
+def engine(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"engine-{request.param}")
+    models = folder / "models"
+    text_classifier(models / TEXT)
+    image_classifier(models / IMAGE)
+    public = make_public(folder / "public")
+    port = free_port()
+    config = folder / "models.yaml"
+    config.write_text(f"root: {ROOT}\npublic_dir: {public}\nlocal_models_dir: {models}\nlocal_deployment: standard\n"
+                      f"models_server_token: {TOKEN}\nlocal_inference_endpoint: {{host: 127.0.0.1, port: {port}}}\n")
+    log_path = folder / "server.log"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config), "--engine",
+                             request.param, "--replicas", "2"], stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the {request.param} models server exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            if requests.get(url + "/running", headers=AUTH, timeout=1).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail(f"the {request.param} models server did not start:\n{log_path.read_text()[-3000:]}")
+    yield request.param, url, public
+    proc.terminate()
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the {request.param} models server did not stop within 90 s of SIGTERM")
+
+
+def post(url: str, model: str, body: dict, headers: dict | None = None) -> requests.Response:
+    return requests.post(f"{url}/models/{model}", json=body, headers=AUTH if headers is None else headers, timeout=120)
+
+
+def test_status_routes(engine):
+    _, url, _ = engine
+    assert requests.get(url + "/running", headers=AUTH, timeout=5).json() == {"running": True}
+    assert requests.get(f"{url}/status/{TEXT}", headers=AUTH, timeout=5).json()["loaded"] is True
+    assert requests.get(url + "/status/facebook/bart-large-cnn", headers=AUTH, timeout=5).json()["loaded"] is False
+    assert requests.get(url + "/status/nobody/nothing", headers=AUTH, timeout=5).json()["loaded"] is False
+    rows = {r["id"]: r for r in requests.get(url + "/models", headers=AUTH, timeout=5).json()["models"]}
+    assert rows[TEXT]["servable"] and rows[IMAGE]["servable"] and not rows["facebook/bart-large-cnn"]["servable"]
+
+
+def test_text_and_image_answers(engine):
+    _, url, public = engine
+    labels = post(url, TEXT, {"text": "a great movie"}).json()
+    assert labels[0]["label"] in ("POSITIVE", "NEGATIVE") and 0 <= labels[0]["score"] <= 1
+    by_path = post(url, IMAGE, {"img_url": "/examples/red.png"}).json()
+    data = base64.b64encode((public / "examples" / "red.png").read_bytes()).decode()
+    by_uri = post(url, IMAGE, {"img_url": f"data:image/png;base64,{data}"}).json()
+    assert [x["label"] for x in by_path] == [x["label"] for x in by_uri]
+    assert {x["label"] for x in by_path} <= {"tabby cat", "golden retriever", "rocket"}
+
+
+def test_generated_files_are_served_with_the_token(engine):
+    _, url, public = engine
+    made = post(url, "canny-control", {"img_url": "/examples/red.png"})
+    assert made.status_code == 200, made.text
+    path = made.json()["path"]
+    assert (public / path.lstrip("/")).is_file()  # in this server's public/, whichever replica made it
+    assert requests.get(url + path, timeout=5).status_code == 401
+    got = requests.get(url + path, headers=AUTH, timeout=5)
+    assert got.status_code == 200 and Image.open(io.BytesIO(got.content)).size == (80, 60)
+
+
+@pytest.mark.parametrize("model, body, status, words", [
+    ("nobody/nothing", {"text": "x"}, 404, "unknown model"),
+    ("facebook/bart-large-cnn", {"text": "x"}, 404, "weights"),
+    (TEXT, {"nope": 1}, 400, "`text` is required"),
+    (IMAGE, {"img_url": "/examples/../../secret.txt"}, 400, "outside public/"),
+    (IMAGE, {"img_url": "http://127.0.0.1:9/x.png"}, 400, "refusing"),
+    (IMAGE, {"img_url": "data:image/png;base64,aGVsbG8="}, 400, "not a readable image"),
+])
+def test_bad_requests_get_json_errors(engine, model, body, status, words):
+    _, url, _ = engine
+    resp = post(url, model, body)
+    assert resp.status_code == status and words in resp.json()["error"]["message"], resp.text
+
+
+def test_the_token_guards_inference(engine):
+    _, url, _ = engine
+    assert post(url, TEXT, {"text": "hi"}, headers={}).status_code == 401
+
+
+def test_concurrent_requests_all_answer(engine):
+    _, url, _ = engine
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def go(i: int) -> None:
+        resp = post(url, TEXT if i % 2 else IMAGE, {"text": f"movie {i}"} if i % 2 else {"img_url": "/examples/red.png"})
+        with lock:
+            codes.append(resp.status_code)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert codes == [200] * 8
+
+
+def test_ray_serves_from_two_running_replicas(engine):
+    """Only for Ray: the deployment Serve reports is running with the replicas asked for."""
+    name, url, _ = engine
+    if name != "ray":
+        pytest.skip("Ray-specific")
+    import json
+
+    code = ("import ray, json; from ray import serve; ray.init(address='auto', log_to_driver=False); "
+            "print(json.dumps({a: {d: [v.status, dict(v.replica_states)] for d, v in s.deployments.items()} "
+            "for a, s in serve.status().applications.items()}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    apps = json.loads(out.stdout.strip().splitlines()[-1])
+    deployments = [d for app in apps.values() for d in app.values()]
+    assert deployments and all(status == "HEALTHY" for status, _ in deployments), apps
+    assert all(states.get("RUNNING") == 2 for _, states in deployments), apps
+
+
+def test_the_catalog_gives_gpu_shares_for_ray():
+    from hugginggpt.modelhost.registry import load_specs
+
+    shares = {s.id: s.gpu_fraction for s in load_specs()}
+    assert shares["stable-diffusion-v1-5/stable-diffusion-v1-5"] == 0.5 and shares["canny-control"] == 0.0
+    assert shares[TEXT] == 0.25
+    assert Path(ROOT / "requirements-ray.txt").read_text().count("ray[serve]") == 1
