@@ -20,7 +20,7 @@ from .catalog import Catalog, KeywordRanker, Ranker
 from .config import Config
 from .execute import Executor
 from .llm import LLMClient, with_overrides
-from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan
+from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan, plan_json_schema
 from .prompts import PromptSet
 from .request import ChatRequest, EventSink, RequestState, collect_result, validate_messages
 from .respond import write_answer
@@ -146,7 +146,9 @@ class HuggingGPT:
         req = state.request
         messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
                                            state.llm.settings.max_context_tokens)
-        reply = state.llm.chat(messages, logit_bias_weight=self.config.logit_bias.get("parse_task", 0.0))
+        structured = self.config.structured_output
+        reply = state.llm.chat(messages, logit_bias_weight=self.config.logit_bias.get("parse_task", 0.0),
+                               json_schema=plan_json_schema() if structured != "off" else None, structured=structured)
         log.debug("[%s] planner said: %s", req.request_id, reply)
         try:
             plan = parse_plan(reply)

@@ -41,7 +41,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "max_fetch_bytes", "fetch_timeout", "local_models_dir", "memory_budget_gb", "semantic_ranking", "cache_dir",
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
-        "max_context_tokens", "max_concurrent_requests", "http_threads")},
+        "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output")},
 }
 
 
@@ -130,6 +130,7 @@ class Config:
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
+    structured_output: str = "auto"  # auto | on | off: JSON-schema-constrained plans where the backend allows
     max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
     http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
     # deployment and access control (see README "Deploying it")
@@ -356,5 +357,6 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
         warnings=tuple(f"{path}: {w}" for w in unknown),
         max_concurrent_requests=_positive(data, "max_concurrent_requests", 64, path),
+        structured_output=_choice(data, "structured_output", ("auto", "on", "off"), "auto", path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
     )

@@ -128,6 +128,7 @@ class LLMClient:
         if settings.api_type is None:
             settings = with_overrides(settings)
         self.settings = settings
+        self.accepts_schema: bool | None = None  # learnt on the first structured request
         http_client = None
         if proxy:
             import httpx2  # the SDK's own HTTP stack
@@ -173,10 +174,15 @@ class LLMClient:
         logit_bias_weight: float = 0.0,
         on_token: Callable[[str], None] | None = None,
         deadline: float | None = None,
+        json_schema: dict[str, Any] | None = None,
+        structured: str = "auto",
     ) -> str:
         """Send messages, return the reply text. With on_token, stream and report each piece.
 
         deadline (time.monotonic()): every attempt, retry wait and streamed chunk must fit before it.
+        json_schema with structured "auto": ask for output constrained to the schema where the backend
+        takes `response_format` json_schema (OpenAI, Azure, vLLM, llama.cpp server, Ollama); a backend
+        that rejects it is remembered and asked in free text from then on. "on": rejection is an error.
         """
         bias = self.logit_bias(logit_bias_weight)
         extra: dict[str, Any] = {"temperature": temperature}
@@ -185,9 +191,31 @@ class LLMClient:
         if self.settings.use_completion:
             prompt = messages_to_prompt(messages)
             return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline), deadline)
+        if json_schema is not None and structured != "off" and self.accepts_schema is not False:
+            constrained = {**extra, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "plan", "schema": json_schema, "strict": True}}}
+            try:
+                text = self._call(lambda timeout: self._chat(messages, constrained, on_token, timeout, deadline),
+                                  deadline)
+                self.accepts_schema = True
+                return text
+            except _SchemaRejected as exc:
+                if structured == "on":
+                    raise LLMError(f"{self.describe} does not accept structured output (response_format "
+                                   f"json_schema, HTTP {exc.status}); set structured_output: auto or off") from None
+                self.accepts_schema = False
+                log.info("%s rejects response_format json_schema; planning in free text from now on", self.describe)
         return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline), deadline)
 
     def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
+        try:
+            return self._chat_once(messages, extra, on_token, timeout, deadline)
+        except openai.APIStatusError as exc:
+            if "response_format" in extra and exc.status_code in (400, 404, 415, 422, 501):
+                raise _SchemaRejected(exc.status_code) from None
+            raise
+
+    def _chat_once(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
         model = self.settings.model
         if on_token is None:
             resp = self._client.chat.completions.create(model=model, messages=messages, timeout=timeout, **extra)
@@ -242,7 +270,7 @@ class LLMClient:
                 timeout = min(timeout, left)
             try:
                 return attempt(timeout)
-            except (LLMError, DeadlineExceeded):
+            except (LLMError, DeadlineExceeded, _SchemaRejected):
                 raise
             except openai.APIStatusError as exc:
                 if exc.status_code not in (408, 409, 429) and exc.status_code < 500 or tries >= self.settings.max_retries:
@@ -287,6 +315,14 @@ class LLMClient:
         if key and len(key) >= 4:
             text = text.replace(key, "***")
         return re.sub(r"sk-[A-Za-z0-9_\-*]{6,}", "sk-***", text)
+
+
+class _SchemaRejected(Exception):
+    """The backend refused `response_format` json_schema (it does not support structured output)."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
 
 
 class _NotOpenAI(Exception):

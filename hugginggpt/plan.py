@@ -7,7 +7,6 @@ one bad task never sinks the whole request.
 
 from __future__ import annotations
 
-import ast
 import copy
 import json
 import re
@@ -86,6 +85,29 @@ class Plan:
         return {t.id: t for t in self.tasks}
 
 
+def plan_json_schema() -> dict[str, Any]:
+    """The plan as a JSON schema of our task vocabulary and argument kinds, for constrained decoding.
+
+    Written to OpenAI's strict rules (an object at the root, every property required, no extra keys;
+    absent arguments are null), which vLLM, llama.cpp server and Ollama accept too.
+    """
+    arg = {"type": ["string", "null"]}
+    task = {
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "enum": list(TASK_TYPES)},
+            "id": {"type": "integer"},
+            "dep": {"type": "array", "items": {"type": "integer"}},
+            "args": {"type": "object", "properties": {k: arg for k in ARG_KEYS}, "required": list(ARG_KEYS),
+                     "additionalProperties": False},
+        },
+        "required": ["task", "id", "dep", "args"],
+        "additionalProperties": False,
+    }
+    return {"type": "object", "properties": {"tasks": {"type": "array", "items": task}}, "required": ["tasks"],
+            "additionalProperties": False}
+
+
 class PlanParseError(ValueError):
     """No task list could be read from the text (the caller falls back to a conversational answer)."""
 
@@ -135,35 +157,29 @@ def _balanced_span(text: str, start: int) -> str:
     return text[start:] + "".join(reversed(stack))
 
 
-def _remove_trailing_commas(s: str) -> str:
-    return re.sub(r",\s*([\]}])", r"\1", s)
-
-
-def _pythonize(s: str) -> str:
-    """JSON literals to Python ones, outside quoted strings, for ast.literal_eval."""
-    out = []
-    for i, part in enumerate(re.split(r"(\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*')", s)):
-        if i % 2 == 0:
-            part = re.sub(r"\btrue\b", "True", part)
-            part = re.sub(r"\bfalse\b", "False", part)
-            part = re.sub(r"\bnull\b", "None", part)
-        out.append(part)
-    return "".join(out)
-
-
 def _loads_tolerant(s: str) -> Any:
-    attempts = (
-        lambda x: json.loads(x),
-        lambda x: json.loads(_remove_trailing_commas(x)),
-        lambda x: ast.literal_eval(_pythonize(x)),
-        lambda x: ast.literal_eval(_pythonize(_remove_trailing_commas(x))),
-    )
-    for attempt in attempts:
-        try:
-            return attempt(s)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    raise PlanParseError("not JSON")
+    """Strict JSON first; then json-repair (single quotes, trailing commas, Python literals, missing brackets)."""
+    try:
+        return json.loads(s)
+    except (ValueError, RecursionError):
+        pass
+    import json_repair
+
+    try:
+        value = json_repair.loads(s)
+    except (ValueError, RecursionError, TypeError):
+        value = None
+    if not isinstance(value, (list, dict)) or not _has_content(value):
+        raise PlanParseError("not JSON")  # json-repair turns any text into something; "[{" is not a plan
+    return value
+
+
+def _has_content(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value)
+    if isinstance(value, list):
+        return any(_has_content(v) if isinstance(v, (list, dict)) else True for v in value)
+    return True
 
 
 def extract_json(text: str) -> Any:

@@ -65,6 +65,7 @@ class ScriptedLLM:
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
     failure_body: str | None = None  # the body of those failures (default: a JSON error)
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
+    rejects_schema: bool = False  # answer 400 to response_format json_schema, as a backend without it would
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
 
@@ -87,6 +88,7 @@ class ScriptedLLM:
             self.failures.clear()
             self.failure_body = None
             self.raw_reply = None
+            self.rejects_schema = False
 
     def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, float]:
         messages = body.get("messages")
@@ -133,6 +135,12 @@ class ScriptedLLM:
                 self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})
                 return failed
+            if self.rejects_schema and "response_format" in body:
+                self.requests.append({"stage": "rejected", "body": body, "time": time.perf_counter(),
+                                      "headers": dict(request.headers)})
+                resp = jsonify({"error": {"message": "response_format is not supported", "type": "invalid_request"}})
+                resp.status_code = 400
+                return resp
             if self.raw_reply is not None:
                 self.requests.append({"stage": "raw", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})

@@ -1,0 +1,144 @@
+"""Plan quality on TaskBench's HuggingFace-tools sample: node-F1, edge-F1, valid-plan rate, plan latency.
+
+Runs our planner (the config's prompts, demos and LLM) on each of the 160 requests in
+`../shared/taskbench/` (kept out of this repository), converts every plan to TaskBench's format and scores
+it with TaskBench's resource-mode definitions (`hugginggpt/evaluation.py`), on all 160 samples and on the
+114 "clean" ones. A plan that cannot be read counts as an empty plan. Prints a table beside the published
+GPT-4 / gpt-3.5 figures and writes `taskbench.json` and `taskbench.png` into --out.
+
+    python bench/taskbench.py --config configs/config.local.yaml [--structured auto|on|off] [--limit 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hugginggpt.config import load_config  # noqa: E402
+from hugginggpt.errors import HuggingGPTError  # noqa: E402
+from hugginggpt.evaluation import Scores, ToolSet, score, to_taskbench  # noqa: E402
+from hugginggpt.llm import LLMClient  # noqa: E402
+from hugginggpt.plan import PlanParseError, parse_plan, plan_json_schema  # noqa: E402
+from hugginggpt.prompts import PromptSet  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "taskbench"
+PUBLISHED = {"gpt-4 (published, full domain)": (81.54, 54.70), "gpt-3.5-turbo (published, full domain)": (69.49, 33.36)}
+
+
+def plan_one(llm: LLMClient, prompts: PromptSet, instruction: str, structured: str) -> dict:
+    messages = prompts.parse_task([], instruction, llm.settings.model, llm.settings.max_context_tokens)
+    started = time.perf_counter()
+    try:
+        reply = llm.chat(messages, json_schema=plan_json_schema() if structured != "off" else None,
+                         structured=structured)
+    except HuggingGPTError as exc:
+        return {"reply": None, "error": str(exc), "seconds": time.perf_counter() - started, "plan": None}
+    seconds = time.perf_counter() - started
+    try:
+        plan = parse_plan(reply)
+    except PlanParseError as exc:
+        return {"reply": reply, "error": str(exc), "seconds": seconds, "plan": None}
+    return {"reply": reply, "error": None, "seconds": seconds, "plan": plan}
+
+
+def run(config_path: str, data: Path, structured: str, limit: int | None, workers: int) -> dict:
+    config = load_config(config_path)
+    tools = ToolSet.load(data / "tool_mapping.json")
+    samples = [json.loads(line) for line in (data / "huggingface_sample.jsonl").read_text().splitlines() if line]
+    gold = [json.loads(line) for line in (data / "huggingface_sample_gold.jsonl").read_text().splitlines() if line]
+    if limit:
+        samples, gold = samples[:limit], gold[:limit]
+    llm = LLMClient(config.llm, proxy=config.proxy)
+    prompts = PromptSet.from_config(config)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(lambda s: plan_one(llm, prompts, s["instruction"], structured), samples))
+    predicted, valid, latency = {}, {}, []
+    for sample, out in zip(samples, outcomes, strict=True):
+        plan = out["plan"]
+        predicted[sample["id"]] = to_taskbench(plan, tools)
+        valid[sample["id"]] = plan is not None and bool(plan.tasks) and all(t.error is None for t in plan.tasks)
+        latency.append(out["seconds"])
+    clean = [g for g in gold if g["clean"]]
+    return {"all": summary(score(gold, predicted, valid, tools)), "clean": summary(score(clean, predicted, valid, tools)),
+            "latency": {"median_s": statistics.median(latency), "p90_s": sorted(latency)[int(0.9 * (len(latency) - 1))]},
+            "llm": {k: v for k, v in config.llm.redacted().items() if k != "api_key"}, "structured": structured,
+            "samples": len(samples), "predictions": {s["id"]: predicted[s["id"]] for s in samples}}
+
+
+def summary(scores: Scores) -> dict:
+    return {"node_f1": scores.nodes.f1, "edge_f1": scores.edges.f1, "valid_rate": scores.valid_rate,
+            "samples": scores.samples, "nodes": vars(scores.nodes), "edges": vars(scores.edges)}
+
+
+def table(result: dict) -> str:
+    rows = ["| run | samples | node-F1 | edge-F1 | valid plans |", "|---|---|---|---|---|"]
+    for subset in ("all", "clean"):
+        r = result[subset]
+        rows.append(f"| ours, {subset} | {r['samples']} | {100 * r['node_f1']:.2f} | {100 * r['edge_f1']:.2f} | "
+                    f"{100 * r['valid_rate']:.1f}% |")
+    for name, (n, e) in PUBLISHED.items():
+        rows.append(f"| {name} | 7546 | {n:.2f} | {e:.2f} | - |")
+    lat = result["latency"]
+    rows.append(f"\nplan latency: median {lat['median_s']:.2f} s, p90 {lat['p90_s']:.2f} s "
+                f"(LLM: {result['llm']['model']}, structured output: {result['structured']})")
+    return "\n".join(rows)
+
+
+def plot(result: dict, path: Path) -> None:
+    """A grouped bar chart drawn with Pillow (no plotting dependency): node-F1 and edge-F1 per run."""
+    from PIL import Image, ImageDraw
+
+    runs = [(f"ours ({s})", 100 * result[s]["node_f1"], 100 * result[s]["edge_f1"]) for s in ("all", "clean")]
+    runs += [(name.split(" (")[0], n, e) for name, (n, e) in PUBLISHED.items()]
+    width, height, left, bottom = 640, 360, 50, 300
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((left, 10), "TaskBench HuggingFace tools: node-F1 (dark) and edge-F1 (light), %", fill="black")
+    for pct in (0, 25, 50, 75, 100):
+        y = bottom - pct * 2.5
+        draw.line((left, y, width - 10, y), fill=(225, 225, 225))
+        draw.text((10, y - 6), str(pct), fill="black")
+    slot = (width - left - 20) / len(runs)
+    for i, (name, n, e) in enumerate(runs):
+        x = left + 10 + i * slot
+        for j, (value, color) in enumerate(((n, (40, 90, 160)), (e, (140, 180, 230)))):
+            x0 = x + j * slot * 0.4
+            draw.rectangle((x0, bottom - value * 2.5, x0 + slot * 0.38, bottom), fill=color)
+            draw.text((x0, bottom - value * 2.5 - 12), f"{value:.0f}", fill="black")
+        draw.text((x, bottom + 8), name[:18], fill="black")
+    img.save(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/config.default.yaml", help="the LLM and prompts to plan with")
+    parser.add_argument("--data", type=Path, default=DATA, help="the TaskBench sample folder (default %(default)s)")
+    parser.add_argument("--structured", choices=["auto", "on", "off"], default="off",
+                        help="ask for JSON-schema-constrained plans (see structured_output in the README)")
+    parser.add_argument("--limit", type=int, help="only the first N samples")
+    parser.add_argument("--workers", type=int, default=4, help="requests in flight (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for taskbench.json/.png")
+    args = parser.parse_args(argv)
+    if not (args.data / "huggingface_sample.jsonl").is_file():
+        print(f"error: no TaskBench sample in {args.data} (it lives outside the repository, in ../shared/taskbench)",
+              file=sys.stderr)
+        return 2
+    result = run(args.config, args.data, args.structured, args.limit, args.workers)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "taskbench.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "taskbench.png")
+    print(table(result))
+    print(f"wrote {args.out / 'taskbench.json'} and {args.out / 'taskbench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
