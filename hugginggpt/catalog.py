@@ -146,10 +146,14 @@ class Catalog:
         return next((c for c in self.cards if c.id == model_id), None)
 
     def candidates(self, query: RankQuery, ranker: Ranker, limit: int) -> list[ModelCard]:
+        return [c for c, _ in self.ranked(query, ranker, limit)]
+
+    def ranked(self, query: RankQuery, ranker: Ranker, limit: int) -> list[tuple[ModelCard, float]]:
+        """Candidates for the task, best first, with the ranker's scores."""
         cards = self.for_task(query.task)
         if query.max_size_mb:
             cards = [c for c in cards if c.size_mb is None or c.size_mb <= query.max_size_mb]
-        return [c for c, _ in ranker.rank(query, cards)][:limit]
+        return ranker.rank(query, cards)[:limit]
 
 
 def card_from_row(row: dict[str, Any]) -> ModelCard:

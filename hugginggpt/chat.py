@@ -65,6 +65,7 @@ class HuggingGPT:
             inference_mode=config.inference_mode, num_candidates=config.num_candidate_models,
             max_description_length=config.max_description_length,
             language=config.preferred_language, max_size_mb=config.max_model_size_mb,
+            choose=config.choose_model, margin=config.choose_model_margin,
         )
 
     def warm(self) -> None:

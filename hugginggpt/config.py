@@ -41,7 +41,8 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "max_fetch_bytes", "fetch_timeout", "local_models_dir", "memory_budget_gb", "semantic_ranking", "cache_dir",
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
-        "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output")},
+        "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
+        "choose_model", "choose_model_margin")},
 }
 
 
@@ -130,6 +131,8 @@ class Config:
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
+    choose_model: str = "auto"  # llm | ranking | auto (ask the LLM only when the top candidates are close)
+    choose_model_margin: float = 0.05  # "auto": the ranker's score lead that makes the choice clear
     structured_output: str = "auto"  # auto | on | off: JSON-schema-constrained plans where the backend allows
     max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
     http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
@@ -358,5 +361,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         warnings=tuple(f"{path}: {w}" for w in unknown),
         max_concurrent_requests=_positive(data, "max_concurrent_requests", 64, path),
         structured_output=_choice(data, "structured_output", ("auto", "on", "off"), "auto", path),
+        choose_model=_choice(data, "choose_model", ("llm", "ranking", "auto"), "auto", path),
+        choose_model_margin=_typed(data, "choose_model_margin", float, 0.05, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
     )

@@ -132,7 +132,13 @@ class Selector:
         max_description_length: int,
         language: str | None = None,
         max_size_mb: float | None = None,
+        choose: str = "auto",
+        margin: float = 0.05,
     ):
+        """choose: "llm" asks the LLM whenever several candidates are available (JARVIS); "ranking" takes the
+        top-ranked one; "auto" takes it when it leads the next by at least `margin` and asks the LLM otherwise."""
+        self.choose = choose
+        self.margin = margin
         self.language = language
         self.max_size_mb = max_size_mb
         self.catalog = catalog
@@ -171,23 +177,25 @@ class Selector:
         if task.task in TEXT_TASKS_FOR_LLM:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
                              reason="The LLM performs well on this text task itself.")
-        cards = self.catalog.candidates(
+        ranked = self.catalog.ranked(
             RankQuery(task=task.task, text=" ".join([task.task, *task.args.values(), user_input]),
                       language=self.language, max_size_mb=self.max_size_mb),
             self.ranker,
             limit=max(self.num_candidates * 2, 10),
         )
+        cards = [c for c, _ in ranked]
+        score_of = {c.id: score for c, score in ranked}
         if not cards:
             return Selection(**base, model_id=None, hosted_on=None, reason="",
                              error=f"no model in the catalog does {task.task}")
         ids = [c.id for c in cards]
         order = self.backends_in_order()
         found = self.availability.check(ids, order)
-        ranked = {b: [m for m in ids if m in found.get(b, [])] for b in order}
+        ranked_ids = {b: [m for m in ids if m in found.get(b, [])] for b in order}
         # JARVIS keeps at most num_candidate_models, local ones first.
         kept: list[tuple[str, str]] = []
         for b in order:
-            for m in ranked[b]:
+            for m in ranked_ids[b]:
                 if len(kept) < self.num_candidates and m not in [k for k, _ in kept]:
                     kept.append((m, b))
         available = {b: [m for m, bb in kept if bb == b] for b in order}
@@ -198,6 +206,12 @@ class Selector:
         if len(kept) == 1:
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, reason="Only one model available.", available=available)
+        lead = score_of[kept[0][0]] - score_of[kept[1][0]]
+        if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):
+            mid, b = kept[0]
+            return Selection(**base, model_id=mid, hosted_on=b, available=available,
+                             reason=f"top-ranked for this request ({lead:.2f} ahead of the next candidate); "
+                                    "chosen without asking the LLM")
         by_id: dict[str, ModelCard] = {c.id: c for c in cards}
         metas: list[dict[str, Any]] = [by_id[m].meta(self.max_description_length, b) for m, b in kept]
         try:

@@ -105,7 +105,7 @@ def hybrid_config(tmp_path: Path, llm, models_url: str, public: Path, hosted_url
 @pytest.fixture
 def hybrid_server(tmp_path, llm, models, models_server, public_dir, hosted):
     _, models_url = models_server
-    config = hybrid_config(tmp_path, llm, models_url, public_dir, hosted[1])
+    config = hybrid_config(tmp_path, llm, models_url, public_dir, hosted[1], choose_model="llm")
     srv = start_server(config, tmp_path)
     yield srv
     stop_server(srv)

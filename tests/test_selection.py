@@ -33,14 +33,16 @@ def catalog_server(tmp_path, llm, models, models_server, public_dir):
     _, models_url = models_server
     servers = {}
 
-    def start(candidates: int):
-        if candidates not in servers:
-            folder = tmp_path / f"n{candidates}"
+    def start(candidates: int, choose: str = "llm", margin: float = 0.05):
+        key = (candidates, choose, margin)
+        if key not in servers:
+            folder = tmp_path / f"n{candidates}-{choose}-{margin}"
             folder.mkdir()
             config = write_config(folder, llm.base_url, models_url, public_dir, semantic_ranking=False,
-                                  catalog=str(catalog), num_candidate_models=candidates)
-            servers[candidates] = start_server(config, folder)
-        return servers[candidates]
+                                  catalog=str(catalog), num_candidate_models=candidates, choose_model=choose,
+                                  choose_model_margin=margin)
+            servers[key] = start_server(config, folder)
+        return servers[key]
 
     yield start
     for srv in servers.values():
@@ -83,6 +85,21 @@ def test_a_valid_llm_choice_is_taken(catalog_server, llm):
     llm.on("choose_model", json.dumps({"id": "mid/sketch-diffusion", "reason": "the user likes sketches"}))
     choice = decide(catalog_server(4), llm)
     assert choice["selected_model"] == "mid/sketch-diffusion" and choice["reason"] == "the user likes sketches"
+
+
+def test_auto_asks_the_llm_only_when_the_ranking_is_close(catalog_server, llm):
+    llm.on("choose_model", json.dumps({"id": "mid/sketch-diffusion", "reason": "the LLM's pick"}))
+    clear = decide(catalog_server(4, "auto", 0.05), llm)  # the photo model leads by far for a photo request
+    assert clear["selected_model"] == "niche/photoreal-diffusion" and "without asking the LLM" in clear["reason"]
+    assert llm.stage_requests("choose_model") == []
+    close = decide(catalog_server(4, "auto", 50.0), llm)  # nothing leads by 50: the LLM decides
+    assert close["selected_model"] == "mid/sketch-diffusion" and len(llm.stage_requests("choose_model")) == 1
+
+
+def test_ranking_never_asks_the_llm(catalog_server, llm):
+    llm.on("choose_model", json.dumps({"id": "mid/sketch-diffusion", "reason": "the LLM's pick"}))
+    choice = decide(catalog_server(4, "ranking", 50.0), llm)
+    assert choice["selected_model"] == "niche/photoreal-diffusion" and llm.stage_requests("choose_model") == []
 
 
 class CountingBackend:

@@ -1,0 +1,95 @@
+"""How often each `choose_model` setting picks the expected model, on the ranking cases of tests/test_ranking.py.
+
+The semantic ranker (all-MiniLM-L6-v2) ranks the catalog for each case. `ranking` takes the top model;
+`auto` takes it when it leads the next by at least the margin and asks the LLM otherwise; `llm` always asks.
+The margin is tuned on the even-numbered cases (the smallest margin at which every case decided without the
+LLM is right) and reported on the odd-numbered, held-out ones. With --config the LLM of that config really
+chooses for `llm` and for the cases `auto` defers; without it those choices are reported as not measured.
+
+    python bench/choose_model.py [--config configs/config.local.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hugginggpt.catalog import Catalog, RankQuery  # noqa: E402
+from hugginggpt.ranking import SemanticRanker  # noqa: E402
+from tests.test_ranking import CASES  # noqa: E402
+
+CANDIDATES = 5
+
+
+def rank_cases(ranker, catalog) -> list[dict]:
+    rows = []
+    for task, text, expected in CASES:
+        ranked = catalog.ranked(RankQuery(task=task, text=f"{task} {text}"), ranker, CANDIDATES)
+        rows.append({"task": task, "text": text, "expected": expected, "ids": [c.id for c, _ in ranked],
+                     "lead": ranked[0][1] - ranked[1][1] if len(ranked) > 1 else 1.0})
+    return rows
+
+
+def tune_margin(rows: list[dict]) -> float:
+    """The smallest lead above which the top-ranked model was always right (on these rows)."""
+    wrong = [r["lead"] for r in rows if r["ids"][0] not in r["expected"]]
+    return max(wrong, default=0.0) + 1e-6
+
+
+def llm_choice(config_path: str | None):
+    if not config_path:
+        return None
+    from hugginggpt.config import load_config
+    from hugginggpt.llm import LLMClient
+    from hugginggpt.prompts import PromptSet
+    from hugginggpt.select import parse_choice
+
+    config = load_config(config_path)
+    llm, prompts = LLMClient(config.llm), PromptSet.from_config(config)
+    catalog = Catalog.load(config.catalog_path)
+
+    def choose(row: dict) -> str | None:
+        metas = [catalog.get(i).meta(config.max_description_length, "local") for i in row["ids"]]
+        reply = llm.chat(prompts.choose_model(row["text"], {"task": row["task"], "id": 0, "dep": [-1],
+                                                            "args": {"text": row["text"]}}, metas))
+        return parse_choice(reply, row["ids"])[0]
+
+    return choose
+
+
+def main(config_path: str | None) -> None:
+    catalog = Catalog.load(ROOT / "data" / "p0_models.jsonl")
+    ranker = SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
+    rows = rank_cases(ranker, catalog)
+    tune, held = rows[0::2], rows[1::2]
+    margin = tune_margin(tune)
+    choose = llm_choice(config_path)
+    print(f"{len(rows)} cases; margin tuned on {len(tune)} even cases: {margin:.3f}; reported on {len(held)} held-out")
+    print("| setting | LLM calls | right (held-out) |")
+    print("|---|---|---|")
+    top_right = sum(r["ids"][0] in r["expected"] for r in held)
+    print(f"| ranking | 0/{len(held)} | {top_right}/{len(held)} |")
+    decided = [r for r in held if r["lead"] >= margin]
+    deferred = [r for r in held if r["lead"] < margin]
+    auto_right = sum(r["ids"][0] in r["expected"] for r in decided)
+    if choose:
+        auto_right += sum(choose(r) in r["expected"] for r in deferred)
+        auto_text = f"{auto_right}/{len(held)}"
+    else:
+        auto_text = f"{auto_right}/{len(decided)} decided by the ranking; {len(deferred)} need the LLM (not measured)"
+    print(f"| auto (margin {margin:.3f}) | {len(deferred)}/{len(held)} | {auto_text} |")
+    if choose:
+        print(f"| llm | {len(held)}/{len(held)} | {sum(choose(r) in r['expected'] for r in held)}/{len(held)} |")
+    else:
+        print(f"| llm | {len(held)}/{len(held)} | not measured: pass --config with an LLM that can choose |")
+    print(f"(all {len(rows)} cases: ranking top-1 {sum(r['ids'][0] in r['expected'] for r in rows)}/{len(rows)})")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="let this config's LLM choose where a setting asks the LLM")
+    main(parser.parse_args().config)
