@@ -22,6 +22,7 @@ from .execute import Executor
 from .llm import LLMClient, with_overrides
 from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan, plan_json_schema
 from .prompts import PromptSet
+from .replan import Replanner, failed_for_good, invalid_tasks
 from .request import ChatRequest, EventSink, RequestState, collect_result, validate_messages
 from .respond import write_answer
 from .scheduler import Outcome
@@ -59,6 +60,7 @@ class HuggingGPT:
                                        max_output_bytes=config.max_output_bytes, copy_timeout=config.fetch_timeout * 4)
         self.backends: dict[str, Backend] = backends if backends is not None else self._default_backends()
         self.executor = Executor(config, self.backends, self.url_policy)
+        self.replanner = Replanner(config.max_replans)
         self.availability = Availability(self.backends, ttl=config.status_cache_seconds)
         self.selector = Selector(
             catalog=self.catalog, ranker=self.ranker, availability=self.availability, prompts=self.prompts,
@@ -130,6 +132,7 @@ class HuggingGPT:
         if mode == "decisions":
             return self.decisions(state, plan)
         self.execute(state, plan)
+        self.recover(state, plan)
         with state.lock:
             results = {tid: state.results[tid] for tid in sorted(state.results)}
         if state.cancelled.is_set():
@@ -147,15 +150,23 @@ class HuggingGPT:
         req = state.request
         messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
                                            state.llm.settings.max_context_tokens)
-        structured = self.config.structured_output
-        reply = state.llm.chat(messages, logit_bias_weight=self.config.logit_bias.get("parse_task", 0.0),
-                               json_schema=plan_json_schema() if structured != "off" else None, structured=structured)
+        reply = state.llm.chat(messages, **self.planner_kwargs())
         log.debug("[%s] planner said: %s", req.request_id, reply)
         try:
             plan = parse_plan(reply)
         except PlanParseError as exc:
             log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
             return {"message": self.chitchat(state)}
+        state.planner_messages, state.plan_reply = messages, reply
+        problems = invalid_tasks(plan)
+        if problems and plan.tasks and self.replanner.allowed(state):
+            state.replan_attempts += 1
+            reason = "the plan cannot run as written: " + "; ".join(problems)
+            better = self.replanner.ask(state, messages, reply, reason.capitalize() + ".", frozenset(), 0,
+                                        self.planner_kwargs())
+            if better is not None and not invalid_tasks(better):
+                self.replanner.record(state, reason, better)
+                plan = better
         for note in plan.notes:
             log.info("[%s] plan: %s", req.request_id, note)
         if not plan.tasks:
@@ -166,6 +177,34 @@ class HuggingGPT:
             control_task_fixup(task)
         state.emit("plan", {"tasks": plan.to_list(), "notes": plan.notes})
         return plan
+
+    def planner_kwargs(self) -> dict[str, Any]:
+        structured = self.config.structured_output
+        return {"logit_bias_weight": self.config.logit_bias.get("parse_task", 0.0),
+                "json_schema": plan_json_schema() if structured != "off" else None, "structured": structured}
+
+    def recover(self, state: RequestState, plan: Plan) -> None:
+        """Replan the remaining work when tasks failed on every model (at most max_replans times)."""
+        while self.replanner.allowed(state) and not state.cancelled.is_set():
+            with state.lock:
+                results = dict(state.results)
+            failures = failed_for_good(plan, results)
+            if not failures:
+                return
+            state.replan_attempts += 1
+            finished = frozenset(t for t, r in results.items() if "error" not in r["inference result"])
+            reason = "; ".join(failures)
+            new = self.replanner.ask(state, state.planner_messages, state.plan_reply,
+                                     f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
+                                     finished, max(results) + 1, self.planner_kwargs())
+            if new is None or invalid_tasks(new):
+                return
+            for task in new.tasks:
+                control_task_fixup(task)
+            self.replanner.record(state, reason, new)
+            self.start_selection(state, new)
+            self.execute(state, new)
+            plan = new
 
     def chitchat(self, state: RequestState) -> str:
         on_token = (lambda piece: state.emit("answer_token", {"text": piece})) if state._sink else None
@@ -230,5 +269,9 @@ class HuggingGPT:
         return self.executor.execute(state, plan)
 
     def respond(self, state: RequestState, results: dict[int, dict[str, Any]]) -> str:
+        notes = list(state.replans)
+        if state.replan_attempts and any("error" in r["inference result"] for r in results.values()):
+            notes.append(f"Some tasks still failed after {state.replan_attempts} replan attempt(s) "
+                         f"(max_replans: {self.replanner.max_replans}); their errors are above.")
         return write_answer(state.llm, self.prompts, state.request.user_input, results, state.timeout,
-                            state.emit if state._sink else None)
+                            state.emit if state._sink else None, notes)

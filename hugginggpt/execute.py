@@ -38,10 +38,15 @@ class Executor:
         graph = {t.id: [d for d in t.dep if d != -1] for t in plan.tasks}
         upfront = {t.id: t.error for t in plan.tasks if t.error}
 
+        with state.lock:  # a new round (after a replan): its tasks may write again
+            state.round += 1
+            state.sealed = False
+            this_round = state.round
+
         def body(tid: int) -> dict[str, Any]:
             result = self.run_task(state, by_id[tid])
             with state.lock:
-                if not state.sealed:
+                if not state.sealed and state.round == this_round:
                     state.results[tid] = result
             if "error" in result["inference result"]:
                 raise TaskFailed(_message(result["inference result"]["error"]), result)

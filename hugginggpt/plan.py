@@ -269,8 +269,11 @@ def _normalize_args(raw: Any, notes: list[str], tid: Any) -> dict[str, str]:
     return args
 
 
-def tasks_from_json(data: Any) -> Plan:
-    """Validate and repair; every change is recorded in Plan.notes."""
+def tasks_from_json(data: Any, finished: frozenset[int] = frozenset()) -> Plan:
+    """Validate and repair; every change is recorded in Plan.notes.
+
+    finished: ids of tasks that already ran (a replan may use their outputs through `<GENERATED>-k`).
+    """
     notes: list[str] = []
     if isinstance(data, dict):
         for key in ("tasks", "plan", "task_list"):
@@ -313,14 +316,14 @@ def tasks_from_json(data: Any) -> Plan:
         tasks.append(task)
     plan = Plan(tasks=tasks, notes=notes)
     plan = unfold(plan)
-    plan = fix_dep(plan)
+    plan = fix_dep(plan, finished)
     check_graph(plan)
     return plan
 
 
-def parse_plan(text: str) -> Plan:
+def parse_plan(text: str, finished: frozenset[int] = frozenset()) -> Plan:
     """LLM text -> Plan. Raises PlanParseError when there is no task list to read."""
-    return tasks_from_json(extract_json(text))
+    return tasks_from_json(extract_json(text), finished)
 
 
 def unfold(plan: Plan) -> Plan:
@@ -355,12 +358,14 @@ def unfold(plan: Plan) -> Plan:
     return plan
 
 
-def fix_dep(plan: Plan) -> Plan:
+def fix_dep(plan: Plan, finished: frozenset[int] = frozenset()) -> Plan:
     """Rebuild `dep` from the `<GENERATED>-N` refs (JARVIS's rule), keeping valid explicit deps too."""
     ids = {t.id for t in plan.tasks}
     for task in plan.tasks:
         refs = task.refs()
         for ref in refs:
+            if ref in finished and ref not in ids:
+                continue  # the output of a task that already ran
             if ref == task.id:
                 task.error = task.error or "an argument refers to the task's own output"
             elif ref not in ids:

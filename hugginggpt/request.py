@@ -112,6 +112,11 @@ class RequestState:
         self.scheduler: Scheduler | None = None
         self.cancelled = threading.Event()
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
+        self.round = 0  # execution rounds: 1, then one more per replan
+        self.replans: list[str] = []  # what was replanned, for the answer
+        self.replan_attempts = 0
+        self.planner_messages: list[dict[str, str]] = []
+        self.plan_reply = ""
         self.model_seconds: dict[int, float] = {}  # task id -> time spent in backends (not waiting, not choosing)
 
     def emit(self, name: str, payload: dict[str, Any]) -> None:

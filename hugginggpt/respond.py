@@ -19,7 +19,8 @@ Emit = Callable[[str, dict[str, Any]], None]
 
 
 def write_answer(llm: DeadlineLLM, prompts: PromptSet, user_input: str, results: dict[int, dict[str, Any]],
-                 timeout: float, emit: Emit | None = None) -> str:
+                 timeout: float, emit: Emit | None = None, notes: list[str] | None = None) -> str:
+    """notes: lines the answer must carry whatever the LLM writes (e.g. what was replanned)."""
     processes = [results[k] for k in sorted(results)]
     messages = prompts.response_results(user_input, processes)
     on_token = (lambda piece: emit("answer_token", {"text": piece})) if emit else None
@@ -27,6 +28,8 @@ def write_answer(llm: DeadlineLLM, prompts: PromptSet, user_input: str, results:
         message = llm.chat(messages, on_token=on_token).strip()
     except DeadlineExceeded:
         message = deadline_answer(results, timeout)
+    if notes:
+        message += "\n\n" + "\n".join(notes)
     if emit:
         emit("answer", {"message": message})
     return message
