@@ -211,7 +211,7 @@ class LLMClient:
         try:
             return self._chat_once(messages, extra, on_token, timeout, deadline)
         except openai.APIStatusError as exc:
-            if "response_format" in extra and exc.status_code in (400, 404, 415, 422, 501):
+            if "response_format" in extra and exc.status_code in (400, 422):  # not 404: that is a wrong URL
                 raise _SchemaRejected(exc.status_code) from None
             raise
 
