@@ -34,56 +34,15 @@ class Executor:
         self.url_policy = url_policy
 
     def execute(self, state: RequestState, plan: Plan) -> dict[int, Outcome]:
-        by_id = plan.by_id()
-        graph = {t.id: [d for d in t.dep if d != -1] for t in plan.tasks}
-        upfront = {t.id: t.error for t in plan.tasks if t.error}
+        """Run a whole plan: one round with every task added at once."""
+        run = self.begin(state)
+        for task in plan.tasks:
+            run.add(task)
+        return run.finish()
 
-        with state.lock:  # a new round (after a replan): its tasks may write again
-            state.round += 1
-            state.sealed = False
-            this_round = state.round
-
-        def body(tid: int) -> dict[str, Any]:
-            result = self.run_task(state, by_id[tid])
-            with state.lock:
-                if not state.sealed and state.round == this_round:
-                    state.results[tid] = result
-            if "error" in result["inference result"]:
-                raise TaskFailed(_message(result["inference result"]["error"]), result)
-            return result
-
-        def relay(name: str, payload: dict[str, Any]) -> None:
-            payload = dict(payload)
-            if name == "task_skipped":
-                name, payload["skipped"] = "task_failed", True
-            task = by_id.get(payload.get("id"))
-            if task is not None:
-                payload["task"] = task.task
-            if name in ("task_finished", "task_failed") and not payload.get("skipped"):
-                with state.lock:
-                    seconds = state.model_seconds.get(payload.get("id"))
-                if seconds is not None:
-                    payload["model_seconds"] = round(seconds, 4)
-            result = payload.pop("result", None)
-            if isinstance(result, dict):
-                payload["result"] = result.get("inference result")
-                payload["args"] = result.get("task", {}).get("args")
-            state.emit(name, payload)
-
-        scheduler = Scheduler(graph, body, max_workers=self.config.max_workers, on_event=relay, failed_upfront=upfront)
-        state.scheduler = scheduler
-        if state.cancelled.is_set():
-            scheduler.cancel()
-        remaining = state.deadline - time.monotonic()
-        outcomes = scheduler.run(timeout=max(0.1, remaining))
-        with state.lock:  # the outcome is the truth: a task that timed out has no result, even if it wrote one
-            state.sealed = True
-            for tid, outcome in outcomes.items():
-                if outcome.state not in (DONE, FAILED) or tid not in state.results:
-                    state.results[tid] = collect_result(by_id[tid], "", {"error": {"message": outcome.error
-                                                                                    or outcome.state}})
-        state.outcomes = outcomes  # type: ignore[attr-defined] - kept for timing measurements
-        return outcomes
+    def begin(self, state: RequestState) -> Round:
+        """A round that takes tasks one by one (the streaming planner adds them as they arrive)."""
+        return Round(self, state)
 
     def run_task(self, state: RequestState, planned: Task) -> dict[str, Any]:
         task = copy.deepcopy(planned)
@@ -183,3 +142,67 @@ def _message(error: Any) -> str:
     if isinstance(error, dict):
         return str(error.get("message", error))
     return str(error)
+
+
+class Round:
+    """One execution round of a request: tasks are added while it runs; `finish` waits and seals the results."""
+
+    def __init__(self, executor: Executor, state: RequestState):
+        self.executor = executor
+        self.state = state
+        self.by_id: dict[int, Task] = {}
+        with state.lock:  # a new round (after a replan): its tasks may write again
+            state.round += 1
+            state.sealed = False
+            self.number = state.round
+        self.scheduler = Scheduler({}, self._body, max_workers=executor.config.max_workers, on_event=self._relay,
+                                   streaming=True)
+        state.scheduler = self.scheduler
+        if state.cancelled.is_set():
+            self.scheduler.cancel()
+
+    def add(self, task: Task) -> None:
+        self.by_id[task.id] = task
+        self.scheduler.add(task.id, [d for d in task.dep if d != -1], failed=task.error)
+
+    def _body(self, tid: int) -> dict[str, Any]:
+        state = self.state
+        result = self.executor.run_task(state, self.by_id[tid])
+        with state.lock:
+            if not state.sealed and state.round == self.number:
+                state.results[tid] = result
+        if "error" in result["inference result"]:
+            raise TaskFailed(_message(result["inference result"]["error"]), result)
+        return result
+
+    def _relay(self, name: str, payload: dict[str, Any]) -> None:
+        state = self.state
+        payload = dict(payload)
+        if name == "task_skipped":
+            name, payload["skipped"] = "task_failed", True
+        task = self.by_id.get(payload.get("id"))
+        if task is not None:
+            payload["task"] = task.task
+        if name in ("task_finished", "task_failed") and not payload.get("skipped"):
+            with state.lock:
+                seconds = state.model_seconds.get(payload.get("id"))
+            if seconds is not None:
+                payload["model_seconds"] = round(seconds, 4)
+        result = payload.pop("result", None)
+        if isinstance(result, dict):
+            payload["result"] = result.get("inference result")
+            payload["args"] = result.get("task", {}).get("args")
+        state.emit(name, payload)
+
+    def finish(self) -> dict[int, Outcome]:
+        state = self.state
+        self.scheduler.close_input()
+        outcomes = self.scheduler.run(timeout=max(0.1, state.deadline - time.monotonic()))
+        with state.lock:  # the outcome is the truth: a task that timed out has no result, even if it wrote one
+            state.sealed = True
+            for tid, outcome in outcomes.items():
+                if outcome.state not in (DONE, FAILED) or tid not in state.results:
+                    state.results[tid] = collect_result(self.by_id[tid], "", {"error": {"message": outcome.error
+                                                                                         or outcome.state}})
+        state.outcomes = outcomes  # type: ignore[attr-defined] - kept for timing measurements
+        return outcomes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,7 +58,10 @@ class Scheduler:
         max_workers: int = 8,
         on_event: EventSink | None = None,
         failed_upfront: dict[int, str] | None = None,
+        streaming: bool = False,
     ):
+        """streaming=True: more tasks come through `add` (each starts as soon as its dependencies are done)
+        until `close_input`; `run` then waits for them all."""
         self._graph = {tid: [d for d in deps if d in graph and d != tid] for tid, deps in graph.items()}
         self._body = body
         self._emit = on_event or (lambda name, payload: None)
@@ -66,12 +70,13 @@ class Scheduler:
         self._closed = False
         self._outcomes = {tid: Outcome(tid) for tid in graph}
         self._waiting = {tid: set(deps) for tid, deps in self._graph.items()}
-        self._dependents: dict[int, list[int]] = {tid: [] for tid in graph}
+        self._dependents: dict[int, list[int]] = defaultdict(list)
         for tid, deps in self._graph.items():
             for d in deps:
                 self._dependents[d].append(tid)
         self._open = len(graph)
         self._failed_upfront = failed_upfront or {}
+        self._input_open = streaming
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="task")
 
     # -- public -------------------------------------------------------------------------------
@@ -86,7 +91,7 @@ class Scheduler:
                     events.append(("task_failed", {"id": tid, "result": None, "error": message, "seconds": 0.0}))
                     events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in skipped]
             starters = [t for t, deps in self._waiting.items() if not deps and self._outcomes[t].state == PENDING]
-            if self._open == 0:
+            if self._open == 0 and not self._input_open:
                 self._all_done.set()
         for name, payload in events:
             self._emit(name, payload)
@@ -100,6 +105,55 @@ class Scheduler:
             result = {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
         self._pool.shutdown(wait=False, cancel_futures=True)
         return result
+
+    def add(self, tid: int, deps: list[int], failed: str | None = None) -> None:
+        """One more task (streaming): it starts at once if its dependencies are done, later otherwise."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        start = False
+        with self._lock:
+            if self._closed or not self._input_open or tid in self._outcomes:
+                return
+            deps = [d for d in dict.fromkeys(deps) if d != tid and d != -1]
+            self._graph[tid] = deps
+            self._outcomes[tid] = Outcome(tid)
+            self._open += 1
+            dead = [d for d in deps if d in self._outcomes and self._outcomes[d].state not in (PENDING, RUNNING, DONE)]
+            if failed:
+                _, skipped = self._settle(tid, FAILED, None, failed)
+                events.append(("task_failed", {"id": tid, "result": None, "error": failed, "seconds": 0.0}))
+                events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in skipped]
+            elif dead:
+                reason = f"skipped: task {dead[0]} it depends on did not finish ({self._outcomes[dead[0]].error})"
+                _, skipped = self._settle(tid, SKIPPED, None, reason)
+                events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in [tid, *skipped]]
+            else:
+                waiting = {d for d in deps if not (d in self._outcomes and self._outcomes[d].state == DONE)}
+                self._waiting[tid] = waiting
+                for d in waiting:
+                    self._dependents[d].append(tid)
+                start = not waiting
+        for name, payload in events:
+            self._emit(name, payload)
+        if start:
+            self._start(tid)
+
+    def close_input(self) -> None:
+        """No more tasks will be added; a task still waiting for one that never came is skipped."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        with self._lock:
+            self._input_open = False
+            for tid, waiting in self._waiting.items():
+                missing = [d for d in waiting if d not in self._outcomes]
+                o = self._outcomes[tid]
+                if missing and o.state == PENDING:
+                    o.state, o.finished_at = SKIPPED, time.perf_counter()
+                    o.error = f"skipped: it depends on task {missing[0]}, which is not in the plan"
+                    self._open -= 1
+                    events.append(("task_skipped", {"id": tid, "error": o.error}))
+            if self._open == 0:
+                self._all_done.set()
+        for name, payload in events:
+            self._emit(name, payload)
 
     def outcomes(self) -> dict[int, Outcome]:
         """A copy of every task's outcome now (also after `run` returned)."""
@@ -180,6 +234,6 @@ class Scheduler:
                 skipped.append(d)
                 self._open -= 1
                 stack += [(x, d) for x in self._dependents[d]]
-        if self._open == 0:
+        if self._open == 0 and not self._input_open:
             self._all_done.set()
         return ready, skipped

@@ -81,7 +81,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        with self._lock:\n            ready, skipped",
              ("tests/test_scheduler.py",)),
     Mutation("late-result-overwrites-record", "hugginggpt/execute.py",
-             "                if not state.sealed and state.round == this_round:\n",
+             "            if not state.sealed and state.round == self.number:\n",
              "                if True:\n",
              ("tests/test_scheduler.py", "tests/test_pipeline.py")),
     Mutation("controlnet-availability-assumed", "hugginggpt/select.py",
