@@ -21,12 +21,20 @@ from .config import Config
 from .execute import Executor
 from .llm import LLMClient, with_overrides
 from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan, plan_json_schema
+from .planstream import EarlyTasks
 from .prompts import PromptSet
 from .replan import Replanner, failed_for_good, invalid_tasks
 from .request import ChatRequest, EventSink, RequestState, collect_result, validate_messages
 from .respond import write_answer
 from .scheduler import Outcome
 from .select import Availability, Selection, Selector, control_task_fixup
+
+
+def control_fixed(task: Task) -> Task:
+    fixed = copy.deepcopy(task)
+    control_task_fixup(fixed)
+    return fixed
+
 
 __all__ = ["ChatRequest", "HuggingGPT", "RequestState", "collect_result", "validate_messages"]
 
@@ -122,7 +130,8 @@ class HuggingGPT:
             state_ready(state)
         rid = request.request_id
         log.info("[%s] request (%s): %.200s", rid, mode, request.user_input)
-        plan = self.plan(state)
+        early = self.early_start(state) if mode in ("answer", "results") and self.config.stream_plan else None
+        plan = self.plan(state, early)
         if not isinstance(plan, Plan):  # a conversational answer
             state.emit("answer", {"message": plan["message"]})
             return plan
@@ -131,7 +140,13 @@ class HuggingGPT:
         self.start_selection(state, plan)
         if mode == "decisions":
             return self.decisions(state, plan)
-        self.execute(state, plan)
+        if early is not None and early.round is not None:
+            for task in plan.tasks:  # what the stream already started runs on; the rest joins now
+                if task.id not in early.started:
+                    early.round.add(task)
+            early.round.finish()
+        else:
+            self.execute(state, plan)
         self.recover(state, plan)
         with state.lock:
             results = {tid: state.results[tid] for tid in sorted(state.results)}
@@ -146,17 +161,45 @@ class HuggingGPT:
 
     # -- stage 1 ----------------------------------------------------------------------------------
 
-    def plan(self, state: RequestState) -> Plan | dict[str, str]:
+    def early_start(self, state: RequestState) -> EarlyTasks:
+        """Tasks the streamed plan makes final start now: their model is chosen and they join the round."""
+        early = EarlyTasks(lambda task: None)
+        early.round = None
+
+        def start(task: Task) -> None:
+            control_task_fixup(task)
+            if early.round is None:
+                early.round = self.executor.begin(state)
+            self.start_selection(state, Plan(tasks=[task]))
+            early.round.add(task)
+
+        early.on_task = start
+        state.hold_events()  # task events wait until the whole plan is announced, as without streaming
+        return early
+
+    def plan(self, state: RequestState, early: EarlyTasks | None = None) -> Plan | dict[str, str]:
         req = state.request
         messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
                                            state.llm.settings.max_context_tokens)
-        reply = state.llm.chat(messages, **self.planner_kwargs())
+        try:
+            reply = state.llm.chat(messages, on_token=early.feed if early else None, **self.planner_kwargs())
+        except BaseException:
+            self.drop_early(state, early)
+            raise
         log.debug("[%s] planner said: %s", req.request_id, reply)
         try:
             plan = parse_plan(reply)
         except PlanParseError as exc:
             log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
+            self.drop_early(state, early)
             return {"message": self.chitchat(state)}
+        if early is not None and early.started:
+            differs = [t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
+            if invalid_tasks(plan) or differs or not plan.tasks:  # the full plan disagrees: start over from it
+                log.info("[%s] the full plan differs from the streamed tasks %s; starting over", req.request_id,
+                         differs)
+                self.drop_early(state, early)
+                early = None
         state.planner_messages, state.plan_reply = messages, reply
         problems = invalid_tasks(plan)
         if problems and plan.tasks and self.replanner.allowed(state):
@@ -170,13 +213,31 @@ class HuggingGPT:
         for note in plan.notes:
             log.info("[%s] plan: %s", req.request_id, note)
         if not plan.tasks:
+            self.drop_early(state, early)
             return {"message": self.chitchat(state)}
         if len(plan.tasks) == 1 and plan.tasks[0].task in TEXT_TASKS_FOR_LLM and not plan.tasks[0].error:
+            self.drop_early(state, early)
             return {"message": self.chitchat(state)}
         for task in plan.tasks:
             control_task_fixup(task)
+            if early is not None and task.id in early.started:
+                plan.tasks[plan.tasks.index(task)] = early.started[task.id]  # the very object that runs
+        if len(plan.tasks) == 1 and plan.tasks[0].task in TEXT_TASKS_FOR_LLM:
+            self.drop_early(state, early)
         state.emit("plan", {"tasks": plan.to_list(), "notes": plan.notes})
+        state.release_events()
         return plan
+
+    @staticmethod
+    def drop_early(state: RequestState, early: EarlyTasks | None) -> None:
+        """Stop what the stream started (the full plan took another turn) and forget its events."""
+        if early is not None and early.round is not None:
+            early.round.scheduler.cancel("the full plan replaced the streamed one")
+            early.round = None
+            early.started.clear()
+            with state.lock:
+                state.selections.clear()
+        state.release_events(drop=True)
 
     def planner_kwargs(self) -> dict[str, Any]:
         structured = self.config.structured_output
@@ -217,7 +278,7 @@ class HuggingGPT:
         pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(plan.tasks))), thread_name_prefix="select")
         bias = self.config.logit_bias.get("choose_model", 0.0)
         for task in plan.tasks:
-            if task.error:
+            if task.error or task.id in state.selections:  # already chosen while the plan streamed
                 continue
             fut = pool.submit(self.selector.select, state.request.user_input, copy.deepcopy(task), state.llm, bias)
             fut.add_done_callback(lambda f, t=task: self._selected(state, t, f))

@@ -112,6 +112,8 @@ class RequestState:
         self.scheduler: Scheduler | None = None
         self.cancelled = threading.Event()
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
+        self._held: list[tuple[str, dict[str, Any]]] | None = None
+        self._held_lock = threading.Lock()
         self.round = 0  # execution rounds: 1, then one more per replan
         self.replans: list[str] = []  # what was replanned, for the answer
         self.replan_attempts = 0
@@ -119,11 +121,29 @@ class RequestState:
         self.plan_reply = ""
         self.model_seconds: dict[int, float] = {}  # task id -> time spent in backends (not waiting, not choosing)
 
+    def hold_events(self) -> None:
+        """Queue task events until `release_events` (tasks may start before the plan is announced)."""
+        with self._held_lock:
+            self._held = []
+
+    def release_events(self, drop: bool = False) -> None:
+        with self._held_lock:
+            held, self._held = self._held, None
+        for name, event in ([] if drop or held is None else held):
+            self._deliver(name, event)
+
     def emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._sink is None:
             return
         event = {"event": name, "request_id": self.request.request_id,
                  "t": round(time.perf_counter() - self.started, 4), **payload}
+        with self._held_lock:
+            if self._held is not None and name not in ("plan", "answer", "answer_token", "error"):
+                self._held.append((name, event))
+                return
+        self._deliver(name, event)
+
+    def _deliver(self, name: str, event: dict[str, Any]) -> None:
         try:
             self._sink(name, event)
         except Exception:  # noqa: BLE001 - a broken listener must not break the request

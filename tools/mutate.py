@@ -112,6 +112,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            if ref in finished and ref not in ids:\n                continue",
              "            if False:\n                continue",
              ("tests/test_replan.py",)),
+    Mutation("plan-not-read-while-streaming", "hugginggpt/chat.py",
+             '        early = self.early_start(state) if mode in ("answer", "results") and self.config.stream_plan else None',
+             "        early = None",
+             ("tests/test_plan_streaming.py",)),
     # -- this project's deployment checks ---------------------------------------------------------------
     Mutation("allowlist-prefix-compare", "hugginggpt/urlpolicy.py",
              "        return any(addr in net or (inner is not None and inner in net) for net in self.allow_networks)",

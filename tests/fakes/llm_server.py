@@ -65,6 +65,7 @@ class ScriptedLLM:
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
     failure_body: str | None = None  # the body of those failures (default: a JSON error)
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
+    stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
     rejects_schema: bool = False  # answer 400 to response_format json_schema, as a backend without it would
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
@@ -89,6 +90,7 @@ class ScriptedLLM:
             self.failure_body = None
             self.raw_reply = None
             self.rejects_schema = False
+            self.stream_delay = 0.0
 
     def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, float]:
         messages = body.get("messages")
@@ -149,13 +151,19 @@ class ScriptedLLM:
             if delay:
                 time.sleep(delay)
             if body.get("stream"):
+                record = self.requests[-1]
+                pause = self.stream_delay
+
                 def gen():
                     pieces = re.findall(r"\S+\s*", reply) or [""]
                     for p in pieces:
+                        if pause:
+                            time.sleep(pause)
                         chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
                                  "choices": [{"index": 0, "delta": {"role": "assistant", "content": p},
                                               "finish_reason": None}]}
                         yield f"data: {json.dumps(chunk)}\n\n"
+                    record["stream_end"] = time.perf_counter()
                     yield "data: [DONE]\n\n"
                 return Response(gen(), mimetype="text/event-stream")
             return jsonify({

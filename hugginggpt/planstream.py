@@ -1,0 +1,112 @@
+"""Streaming planner: read the plan as the LLM writes it and start each task the moment it is complete.
+
+LLMCompiler's idea for HuggingGPT's plans: a task object whose closing brace has arrived, whose type is known
+and whose `<GENERATED>-k` references all point to tasks already read is final: the full parse later reads it
+the same way. Such a task is handed on at once (model selection and execution start); anything less certain
+(unknown type, a forward or self reference, a duplicate id, several references to split) waits for the
+complete plan, which stays the authority.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .plan import TASK_TYPES, TEXT_TASKS_FOR_LLM, PlanParseError, Task, _loads_tolerant, tasks_from_json
+
+
+class ObjectStream:
+    """Yields each complete JSON object that sits directly inside the first top-level array of the text."""
+
+    def __init__(self):
+        self.buffer = ""
+        self.pos = 0
+        self.depth = 0  # 1 = inside the task array
+        self.in_string = False
+        self.escaped = False
+        self.start: int | None = None
+        self.array_depth: int | None = None
+
+    def feed(self, piece: str) -> list[str]:
+        self.buffer += piece
+        found = []
+        text = self.buffer
+        while self.pos < len(text):
+            ch = text[self.pos]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "[{":
+                self.depth += 1
+                if ch == "[" and self.array_depth is None:
+                    self.array_depth = self.depth  # the task list: `[...]` or `{"tasks": [...]}`
+                elif ch == "{" and self.array_depth is not None and self.depth == self.array_depth + 1:
+                    self.start = self.pos
+            elif ch in "]}":
+                if ch == "}" and self.start is not None and self.depth == (self.array_depth or 0) + 1:
+                    found.append(text[self.start : self.pos + 1])
+                    self.start = None
+                self.depth -= 1
+            self.pos += 1
+        return found
+
+
+class EarlyTasks:
+    """Turns streamed task objects into tasks that can start now, and remembers what it handed on."""
+
+    def __init__(self, on_task: Callable[[Task], None]):
+        self.stream = ObjectStream()
+        self.on_task = on_task
+        self.started: dict[int, Task] = {}
+        self.seen: set[int] = set()
+        self.stopped = False  # after anything surprising, the rest waits for the full plan
+        self.round: Any = None  # the execution round the early tasks joined (the caller's)
+
+    def feed(self, piece: str) -> None:
+        for raw in self.stream.feed(piece):
+            if self.stopped:
+                return
+            task = self._final_task(raw)
+            if task is None:
+                self.stopped = True
+                return
+            self.started[task.id] = task
+            self.on_task(task)
+
+    def _final_task(self, raw: str) -> Task | None:
+        try:
+            data: Any = _loads_tolerant(raw)
+        except PlanParseError:
+            return None
+        if not isinstance(data, dict) or data.get("task") not in TASK_TYPES or not isinstance(data.get("id"), int):
+            return None
+        if data["task"] in TEXT_TASKS_FOR_LLM:
+            return None  # a lone text task is answered as chat: wait to see the whole plan
+        if data["id"] in self.seen or data["id"] < 0:
+            return None
+        self.seen.add(data["id"])
+        try:
+            plan = tasks_from_json([data], frozenset(self.started))
+        except PlanParseError:
+            return None
+        if len(plan.tasks) != 1 or plan.notes:
+            return None  # repaired, split or renumbered: let the full plan decide
+        task = plan.tasks[0]
+        refs = task.refs()
+        if task.error or any(r not in self.started for r in refs):
+            return None
+        task.dep = refs or [-1]
+        return task
+
+    def agrees(self, task: Task) -> bool:
+        """Whether the full plan's task is the one already started under that id."""
+        early = self.started.get(task.id)
+        return early is not None and json.dumps(early.to_dict(), sort_keys=True) == json.dumps(task.to_dict(),
+                                                                                              sort_keys=True)
