@@ -150,6 +150,8 @@ class ScriptedLLM:
             reply, delay = self._answer(body, dict(request.headers))
             if delay:
                 time.sleep(delay)
+            if self.stream_delay and not body.get("stream"):  # the same writing speed, just not shown
+                time.sleep(self.stream_delay * len(re.findall(r"\S+\s*", reply)))
             if body.get("stream"):
                 record = self.requests[-1]
                 pause = self.stream_delay
