@@ -12,14 +12,14 @@ import io
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import requests
 from PIL import Image
 
-from tests.conftest import ROOT, free_port, make_public
+from tests.conftest import ROOT, make_public
+from tests.test_models_server import start_models_server
 from tests.tiny_models import image_classifier, text_classifier
 
 TOKEN = "engine-token-1"
@@ -37,26 +37,10 @@ def engine(request, tmp_path_factory):
     text_classifier(models / TEXT)
     image_classifier(models / IMAGE)
     public = make_public(folder / "public")
-    port = free_port()
-    config = folder / "models.yaml"
-    config.write_text(f"root: {ROOT}\npublic_dir: {public}\nlocal_models_dir: {models}\nlocal_deployment: standard\n"
-                      f"models_server_token: {TOKEN}\nlocal_inference_endpoint: {{host: 127.0.0.1, port: {port}}}\n")
-    log_path = folder / "server.log"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config), "--engine",
-                             request.param, "--replicas", "2"], stdout=log_path.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the {request.param} models server exited:\n{log_path.read_text()[-3000:]}")
-        try:
-            if requests.get(url + "/running", headers=AUTH, timeout=1).ok:
-                break
-        except requests.RequestException:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail(f"the {request.param} models server did not start:\n{log_path.read_text()[-3000:]}")
+    try:
+        proc, url = start_models_server(folder, models, public, token=TOKEN, engine=request.param, replicas=2)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield request.param, url, public
     proc.terminate()
     try:

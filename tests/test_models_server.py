@@ -20,27 +20,34 @@ from tests.tiny_models import build_all
 
 
 def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
-                        budget_gb: float | None = None, device: str = "cpu") -> tuple[subprocess.Popen, str]:
+                        budget_gb: float | None = None, device: str = "cpu", token: str | None = None,
+                        engine: str = "flask", replicas: int = 1) -> tuple[subprocess.Popen, str]:
+    """The real models_server.py on a free loopback port; returns once /running answers."""
     port = free_port()
     lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {models_dir}",
              f"local_deployment: {deployment}", f"device: {device}", "openai: {api_key: unused}",
              f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}"]
     if budget_gb is not None:
         lines.append(f"memory_budget_gb: {budget_gb}")
+    if token:
+        lines.append(f"models_server_token: {token}")
     config = folder / f"models-{port}.yaml"
     config.write_text("\n".join(lines) + "\n")
-    log = (folder / f"models-{port}.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+    log_path = folder / f"models-{port}.log"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config), "--engine",
+                             engine, "--replicas", str(replicas)], stdout=log_path.open("w"),
+                            stderr=subprocess.STDOUT, cwd=folder)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if requests.get(url + "/running", timeout=1).ok:
+            if requests.get(url + "/running", headers=auth, timeout=1).ok:
                 return proc, url
         except requests.RequestException:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError((folder / f"models-{port}.log").read_text())
+    raise RuntimeError(f"the {engine} models server did not start:\n{log_path.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,14 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
-import sys
-import time
 
 import pytest
 import requests
 from PIL import Image
 
-from tests.conftest import ROOT, free_port, make_public, start_server, stop_server, write_config
+from tests.conftest import make_public, start_server, stop_server, write_config
 from tests.fakes.llm_server import ThreadedServer
+from tests.test_models_server import start_models_server
 from tests.tiny_models import BUILDERS
 
 TOKEN = "models-token-7f3a"
@@ -33,24 +31,7 @@ def gpu_box(tmp_path_factory):
     models_dir = box / "models"
     BUILDERS["google/vit-base-patch16-224"](models_dir / "google/vit-base-patch16-224")
     public = make_public(box / "public")
-    port = free_port()
-    config = box / "models.yaml"
-    config.write_text(f"root: {ROOT}\npublic_dir: {public}\nlocal_models_dir: {models_dir}\n"
-                      f"local_deployment: standard\ndevice: cpu\nmodels_server_token: {TOKEN}\n"
-                      f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}\n")
-    log = (box / "models.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=box)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if requests.get(url + "/running", headers=AUTH, timeout=1).ok:
-                break
-        except requests.RequestException:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError((box / "models.log").read_text())
+    proc, url = start_models_server(box, models_dir, public, token=TOKEN)
     yield url, public
     proc.terminate()
     proc.wait(10)
