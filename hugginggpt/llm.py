@@ -129,6 +129,7 @@ class LLMClient:
             settings = with_overrides(settings)
         self.settings = settings
         self.accepts_schema: bool | None = None  # learnt on the first structured request
+        self.schema_format = 0  # index into SCHEMA_FORMATS of the first form not yet rejected
         http_client = None
         if proxy:
             import httpx2  # the SDK's own HTTP stack
@@ -192,26 +193,30 @@ class LLMClient:
             prompt = messages_to_prompt(messages)
             return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline), deadline)
         if json_schema is not None and structured != "off" and self.accepts_schema is not False:
-            constrained = {**extra, "response_format": {
-                "type": "json_schema", "json_schema": {"name": "plan", "schema": json_schema, "strict": True}}}
-            try:
-                text = self._call(lambda timeout: self._chat(messages, constrained, on_token, timeout, deadline),
-                                  deadline)
-                self.accepts_schema = True
-                return text
-            except _SchemaRejected as exc:
-                if structured == "on":
-                    raise LLMError(f"{self.describe} does not accept structured output (response_format "
-                                   f"json_schema, HTTP {exc.status}); set structured_output: auto or off") from None
-                self.accepts_schema = False
-                log.info("%s rejects response_format json_schema; planning in free text from now on", self.describe)
+            status = 0
+            for index in range(self.schema_format, len(SCHEMA_FORMATS)):
+                constrained = {**extra, "response_format": SCHEMA_FORMATS[index](json_schema)}
+                try:
+                    text = self._call(lambda timeout, c=constrained: self._chat(messages, c, on_token, timeout,
+                                                                                deadline), deadline)
+                    self.accepts_schema, self.schema_format = True, index
+                    return text
+                except _SchemaRejected as exc:
+                    status = exc.status
+                    self.schema_format = index + 1
+            if structured == "on":
+                raise LLMError(f"{self.describe} does not accept structured output (response_format json_schema "
+                               f"or json_object with a schema, HTTP {status}); set structured_output: auto or off")
+            self.accepts_schema = False
+            log.info("%s rejects structured output; planning in free text from now on", self.describe)
         return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline), deadline)
 
     def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
         try:
             return self._chat_once(messages, extra, on_token, timeout, deadline)
         except openai.APIStatusError as exc:
-            if "response_format" in extra and exc.status_code in (400, 422):  # not 404: that is a wrong URL
+            rejected = exc.status_code in (400, 422) or (exc.status_code == 500 and "response_format" in str(exc))
+            if "response_format" in extra and rejected:  # not 404: that is a wrong URL
                 raise _SchemaRejected(exc.status_code) from None
             raise
 
@@ -315,6 +320,14 @@ class LLMClient:
         if key and len(key) >= 4:
             text = text.replace(key, "***")
         return re.sub(r"sk-[A-Za-z0-9_\-*]{6,}", "sk-***", text)
+
+
+# The ways OpenAI-compatible servers take a JSON schema, tried in order until one is accepted: OpenAI, Azure,
+# vLLM, Ollama and recent llama.cpp take the first; llama-cpp-python's server (and llama.cpp) the second.
+SCHEMA_FORMATS = (
+    lambda schema: {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema, "strict": True}},
+    lambda schema: {"type": "json_object", "schema": schema},
+)
 
 
 class _SchemaRejected(Exception):

@@ -114,11 +114,29 @@ def test_structured_plans_go_only_to_backends_that_accept_them(tmp_path, llm, mo
         for _ in range(2):
             tasks = srv.post("/tasks", {"messages": [{"role": "user", "content": "draw a fox"}]}).json()
             assert tasks[0]["task"] == "text-to-image"
-        assert len([r for r in llm.requests if r["stage"] == "rejected"]) == 1
+        rejected = [r["body"]["response_format"]["type"] for r in llm.requests if r["stage"] == "rejected"]
+        assert rejected == ["json_schema", "json_object"]  # each form tried once, then never again
         assert all("response_format" not in r["body"] for r in llm.stage_requests("parse_task"))
     finally:
         stop_server(srv)
-    # structured_output: on with such a backend is a clear error, not a silent fallback
+    # a llama.cpp-style backend: json_schema refused, json_object with a schema taken (and remembered)
+    llm.reset()
+    llm.rejects_schema = {"json_schema"}
+    llm.on("parse_task", json.dumps({"tasks": plan}))
+    folder = tmp_path / "llamacpp"
+    folder.mkdir()
+    srv = start_server(write_config(folder, llm.base_url, models_url, public_dir, semantic_ranking=False), folder)
+    try:
+        for _ in range(2):
+            assert srv.post("/tasks", {"messages": [{"role": "user", "content": "draw a fox"}]}).json()[0]["task"] == \
+                "text-to-image"
+        sent = [r["body"]["response_format"] for r in llm.stage_requests("parse_task")]
+        assert [f["type"] for f in sent] == ["json_object", "json_object"] and "properties" in sent[0]["schema"]
+        assert len([r for r in llm.requests if r["stage"] == "rejected"]) == 1
+    finally:
+        stop_server(srv)
+    llm.rejects_schema = True
+    # structured_output: on with a backend that takes neither is a clear error, not a silent fallback
     folder = tmp_path / "on"
     folder.mkdir()
     srv = start_server(write_config(folder, llm.base_url, models_url, public_dir, semantic_ranking=False,

@@ -66,7 +66,7 @@ class ScriptedLLM:
     failure_body: str | None = None  # the body of those failures (default: a JSON error)
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
     stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
-    rejects_schema: bool = False  # answer 400 to response_format json_schema, as a backend without it would
+    rejects_schema: bool | set[str] = False  # answer 400 to response_format (True: any; a set: those types)
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
 
@@ -137,7 +137,8 @@ class ScriptedLLM:
                 self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})
                 return failed
-            if self.rejects_schema and "response_format" in body:
+            kind = (body.get("response_format") or {}).get("type")
+            if kind and (self.rejects_schema is True or (self.rejects_schema and kind in self.rejects_schema)):
                 self.requests.append({"stage": "rejected", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})
                 resp = jsonify({"error": {"message": "response_format is not supported", "type": "invalid_request"}})
