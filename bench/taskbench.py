@@ -34,12 +34,13 @@ DATA = ROOT.parent / "shared" / "taskbench"
 PUBLISHED = {"gpt-4 (published, full domain)": (81.54, 54.70), "gpt-3.5-turbo (published, full domain)": (69.49, 33.36)}
 
 
-def plan_one(llm: LLMClient, prompts: PromptSet, instruction: str, structured: str) -> dict:
+def plan_one(llm: LLMClient, prompts: PromptSet, instruction: str, structured: str,
+             max_tokens: int | None = None) -> dict:
     messages = prompts.parse_task([], instruction, llm.settings.model, llm.settings.max_context_tokens)
     started = time.perf_counter()
     try:
         reply = llm.chat(messages, json_schema=plan_json_schema() if structured != "off" else None,
-                         structured=structured)
+                         structured=structured, max_tokens=max_tokens)
     except HuggingGPTError as exc:
         return {"reply": None, "error": str(exc), "seconds": time.perf_counter() - started, "plan": None}
     seconds = time.perf_counter() - started
@@ -61,7 +62,8 @@ def run(config_path: str, data: Path, structured: str, limit: int | None, worker
     llm = LLMClient(config.llm, proxy=config.proxy)
     prompts = PromptSet.from_config(config)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        outcomes = list(pool.map(lambda s: plan_one(llm, prompts, s["instruction"], structured), samples))
+        outcomes = list(pool.map(lambda s: plan_one(llm, prompts, s["instruction"], structured,
+                                                    config.planner_max_tokens), samples))
     predicted, valid, latency = {}, {}, []
     for sample, out in zip(samples, outcomes, strict=True):
         plan = out["plan"]

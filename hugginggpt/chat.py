@@ -242,7 +242,8 @@ class HuggingGPT:
     def planner_kwargs(self) -> dict[str, Any]:
         structured = self.config.structured_output
         return {"logit_bias_weight": self.config.logit_bias.get("parse_task", 0.0),
-                "json_schema": plan_json_schema() if structured != "off" else None, "structured": structured}
+                "json_schema": plan_json_schema() if structured != "off" else None, "structured": structured,
+                "max_tokens": self.config.planner_max_tokens}
 
     def recover(self, state: RequestState, plan: Plan) -> None:
         """Replan the remaining work when tasks failed on every model (at most max_replans times)."""

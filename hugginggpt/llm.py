@@ -128,7 +128,6 @@ class LLMClient:
         if settings.api_type is None:
             settings = with_overrides(settings)
         self.settings = settings
-        self.accepts_schema: bool | None = None  # learnt on the first structured request
         self.schema_format = 0  # index into SCHEMA_FORMATS of the first form not yet rejected
         http_client = None
         if proxy:
@@ -177,6 +176,7 @@ class LLMClient:
         deadline: float | None = None,
         json_schema: dict[str, Any] | None = None,
         structured: str = "auto",
+        max_tokens: int | None = None,
     ) -> str:
         """Send messages, return the reply text. With on_token, stream and report each piece.
 
@@ -189,26 +189,27 @@ class LLMClient:
         extra: dict[str, Any] = {"temperature": temperature}
         if bias:
             extra["logit_bias"] = bias
+        if max_tokens:
+            extra["max_tokens"] = max_tokens
         if self.settings.use_completion:
             prompt = messages_to_prompt(messages)
             return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline), deadline)
-        if json_schema is not None and structured != "off" and self.accepts_schema is not False:
+        if json_schema is not None and structured != "off":
             status = 0
             for index in range(self.schema_format, len(SCHEMA_FORMATS)):
                 constrained = {**extra, "response_format": SCHEMA_FORMATS[index](json_schema)}
                 try:
-                    text = self._call(lambda timeout, c=constrained: self._chat(messages, c, on_token, timeout,
+                    return self._call(lambda timeout, c=constrained: self._chat(messages, c, on_token, timeout,
                                                                                 deadline), deadline)
-                    self.accepts_schema, self.schema_format = True, index
-                    return text
                 except _SchemaRejected as exc:
                     status = exc.status
-                    self.schema_format = index + 1
+                    self.schema_format = index + 1  # remembered: this form is not asked again
+                    if self.schema_format == len(SCHEMA_FORMATS):
+                        log.info("%s rejects structured output; planning in free text from now on", self.describe)
             if structured == "on":
                 raise LLMError(f"{self.describe} does not accept structured output (response_format json_schema "
-                               f"or json_object with a schema, HTTP {status}); set structured_output: auto or off")
-            self.accepts_schema = False
-            log.info("%s rejects structured output; planning in free text from now on", self.describe)
+                               f"or json_object with a schema{f', HTTP {status}' if status else ''}); "
+                               "set structured_output: auto or off")
         return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline), deadline)
 
     def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:

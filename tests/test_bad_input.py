@@ -167,6 +167,9 @@ def test_uploads_are_decoded_before_they_are_kept(server, public_dir):
     assert fake.status_code == 400 and "not a readable image" in error_of(fake)
     bomb = requests.post(server.url + "/upload", files={"file": ("bomb.png", bomb_png())}, timeout=5)
     assert bomb.status_code == 400 and "pixels" in error_of(bomb)
+    # 48 million pixels: under Pillow's own bomb threshold, over our max_image_pixels (40 million)
+    big = requests.post(server.url + "/upload", files={"file": ("big.png", bomb_png(8000, 6000))}, timeout=5)
+    assert big.status_code == 400 and "8000x6000 pixels; at most 40,000,000" in error_of(big)
     noise = requests.post(server.url + "/upload", files={"file": ("a.wav", b"RIFF\x00\x00\x00\x00WAVEjunk")}, timeout=5)
     assert noise.status_code == 400 and "audio" in error_of(noise)
     after = set((public_dir / "uploads").glob("*")) if (public_dir / "uploads").is_dir() else set()
@@ -218,6 +221,9 @@ def test_a_decompression_bomb_is_a_400_on_the_models_server(tmp_path):
         uri = "data:image/png;base64," + base64.b64encode(bomb_png()).decode()
         resp = requests.post(url + "/models/canny-control", json={"img_url": uri}, timeout=30)
         assert resp.status_code == 400 and "pixels" in resp.json()["error"]["message"]
+        big = "data:image/png;base64," + base64.b64encode(bomb_png(8000, 6000)).decode()
+        resp = requests.post(url + "/models/canny-control", json={"img_url": big}, timeout=30)
+        assert resp.status_code == 400 and "at most 40,000,000 pixels" in resp.json()["error"]["message"]
         ok = requests.post(url + "/models/canny-control", json={"img_url": "/examples/red.png"}, timeout=30)
         assert ok.status_code == 200
     finally:
