@@ -181,9 +181,9 @@ class LLMClient:
         """Send messages, return the reply text. With on_token, stream and report each piece.
 
         deadline (time.monotonic()): every attempt, retry wait and streamed chunk must fit before it.
-        json_schema with structured "auto": ask for output constrained to the schema where the backend
-        takes `response_format` json_schema (OpenAI, Azure, vLLM, llama.cpp server, Ollama); a backend
-        that rejects it is remembered and asked in free text from then on. "on": rejection is an error.
+        json_schema with structured "auto": ask for output constrained to the schema in each form of
+        SCHEMA_FORMATS the backend has not rejected yet; once it rejected them all it is asked in free text
+        from then on. "on": rejection is an error.
         """
         bias = self.logit_bias(logit_bias_weight)
         extra: dict[str, Any] = {"temperature": temperature}
@@ -237,7 +237,7 @@ class LLMClient:
                              on_token, deadline)
 
     def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None) -> str:
-        common = dict(model=self.settings.model, prompt=prompt, max_tokens=2048, timeout=timeout, **extra)
+        common = {"max_tokens": 2048, **extra, "model": self.settings.model, "prompt": prompt, "timeout": timeout}
         if on_token is None:
             resp = self._client.completions.create(**common)
             choices = getattr(resp, "choices", None)

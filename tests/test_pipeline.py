@@ -189,13 +189,14 @@ def test_per_request_overrides_reach_another_backend(server, llm, tmp_path):
 
 def test_completion_mode(tmp_path, llm, models_server, public_dir):
     _, models_url = models_server
-    config = write_config(tmp_path, llm.base_url, models_url, public_dir, use_completion=True)
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, use_completion=True, planner_max_tokens=300)
     srv = start_server(config, tmp_path)
     try:
         llm.on("parse_task", plan(("text-to-image", [-1], {"text": "x"})))
         tasks = srv.post("/tasks", ask("draw x")).json()
         assert tasks[0]["task"] == "text-to-image"
         assert "prompt" in llm.requests[-1]["body"] and "messages" not in llm.requests[-1]["body"]
+        assert llm.stage_requests("parse_task")[-1]["body"]["max_tokens"] == 300  # the planner's cap, not 2048
     finally:
         stop_server(srv)
 
