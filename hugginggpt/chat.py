@@ -29,13 +29,6 @@ from .respond import write_answer
 from .scheduler import Outcome
 from .select import Availability, Selection, Selector, control_task_fixup
 
-
-def control_fixed(task: Task) -> Task:
-    fixed = copy.deepcopy(task)
-    control_task_fixup(fixed)
-    return fixed
-
-
 __all__ = ["ChatRequest", "HuggingGPT", "RequestState", "collect_result", "validate_messages"]
 
 log = logging.getLogger(__name__)
@@ -163,9 +156,6 @@ class HuggingGPT:
 
     def early_start(self, state: RequestState) -> EarlyTasks:
         """Tasks the streamed plan makes final start now: their model is chosen and they join the round."""
-        early = EarlyTasks(lambda task: None)
-        early.round = None
-
         def start(task: Task) -> None:
             control_task_fixup(task)
             if early.round is None:
@@ -173,7 +163,7 @@ class HuggingGPT:
             self.start_selection(state, Plan(tasks=[task]))
             early.round.add(task)
 
-        early.on_task = start
+        early = EarlyTasks(start)
         state.hold_events()  # task events wait until the whole plan is announced, as without streaming
         return early
 
@@ -222,8 +212,6 @@ class HuggingGPT:
             control_task_fixup(task)
             if early is not None and task.id in early.started:
                 plan.tasks[plan.tasks.index(task)] = early.started[task.id]  # the very object that runs
-        if len(plan.tasks) == 1 and plan.tasks[0].task in TEXT_TASKS_FOR_LLM:
-            self.drop_early(state, early)
         state.emit("plan", {"tasks": plan.to_list(), "notes": plan.notes})
         state.release_events()
         return plan
@@ -337,3 +325,10 @@ class HuggingGPT:
                          f"(max_replans: {self.replanner.max_replans}); their errors are above.")
         return write_answer(state.llm, self.prompts, state.request.user_input, results, state.timeout,
                             state.emit if state._sink else None, notes)
+
+
+def control_fixed(task: Task) -> Task:
+    """A copy of the task as it will run (ControlNet fix-ups applied), for comparing with a streamed one."""
+    fixed = copy.deepcopy(task)
+    control_task_fixup(fixed)
+    return fixed

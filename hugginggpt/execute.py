@@ -135,8 +135,6 @@ class Executor:
         )
         return state.llm.chat([{"role": "user", "content": prompt}])
 
-    # -- stage 4 ----------------------------------------------------------------------------------
-
 
 def _message(error: Any) -> str:
     if isinstance(error, dict):
