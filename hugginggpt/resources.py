@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 from .errors import ResourceError
 from .urlpolicy import UrlPolicy, fetch
 
+# A file some server generated, as it names it: /images|audios|videos/<plain name> (no folders, no dot first).
+OUTPUT_PATH = re.compile(r"^/(images|audios|videos)/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
 KIND_DIRS = {"image": "images", "audio": "audios", "video": "videos", "upload": "uploads"}
 UPLOAD_TYPES = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/bmp": "bmp",
                 "audio/wav": "wav", "audio/flac": "flac", "audio/ogg": "ogg", "audio/mpeg": "mp3"}

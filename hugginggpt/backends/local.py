@@ -15,12 +15,11 @@ from typing import Any
 import requests
 
 from ..errors import BackendError, ResourceError
-from ..resources import KIND_DIRS, extension_for, save_bytes, sniff_mime
+from ..resources import KIND_DIRS, OUTPUT_PATH, extension_for, save_bytes, sniff_mime
 from ..urlpolicy import UrlPolicy, fetch
 from . import TaskInputs
 from .normalize import FILE_KEYS, normalize
 
-_OUTPUT_PATH = re.compile(r"^/?(?:public/)?(images|audios|videos)/([A-Za-z0-9][A-Za-z0-9._-]{0,127})$")
 _KIND_OF_DIR = {folder: kind for kind, folder in KIND_DIRS.items()}
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ class LocalModelsServer:
             mime = got.content_type or sniff_mime(got.data, named)
             kind = mime.split("/")[0] if mime.split("/")[0] in ("image", "audio", "video") else "image"
             return save_bytes(self.public_dir, kind, got.data, extension_for(mime, "bin"))
-        m = _OUTPUT_PATH.match(named.strip())
+        m = OUTPUT_PATH.match("/" + named.strip().lstrip("/").removeprefix("public/"))
         if not m:
             raise BackendError(f"the models server named an output that is not a generated file: {named[:200]!r}")
         folder, name = m.groups()

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest
-from ..resources import resolve
+from ..resources import OUTPUT_PATH, resolve
 from .handlers import Inputs
 from .pool import InferenceFailed, ModelUnavailable
 from .registry import ModelSpec, Registry
@@ -30,7 +29,6 @@ from .registry import ModelSpec, Registry
 log = logging.getLogger(__name__)
 
 APP_NAME = "hugginggpt-models"
-OUTPUT_PATH = re.compile(r"^/(images|audios|videos)/[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def replica_class(models_per_replica: int):
