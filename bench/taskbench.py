@@ -7,6 +7,10 @@ it with TaskBench's resource-mode definitions (`hugginggpt/evaluation.py`), on a
 GPT-4 / gpt-3.5 figures and writes `taskbench.json` and `taskbench.png` into --out.
 
     python bench/taskbench.py --config configs/config.local.yaml [--structured auto|on|off] [--limit 20]
+    python bench/taskbench.py --config ... --jarvis-prompt JARVIS/hugginggpt/server/configs/config.default.yaml
+
+--jarvis-prompt plans with JARVIS's own planning prompt and demos (read from a JARVIS checkout, never
+copied into this repository) and the same LLM and plan reader, to compare the prompts alone.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hugginggpt.config import load_config  # noqa: E402
-from hugginggpt.errors import HuggingGPTError  # noqa: E402
+from hugginggpt.errors import ConfigError, HuggingGPTError  # noqa: E402
 from hugginggpt.evaluation import Scores, ToolSet, score, to_taskbench  # noqa: E402
 from hugginggpt.llm import LLMClient  # noqa: E402
 from hugginggpt.plan import PlanParseError, parse_plan, plan_json_schema  # noqa: E402
@@ -51,7 +55,8 @@ def plan_one(llm: LLMClient, prompts: PromptSet, instruction: str, structured: s
     return {"reply": reply, "error": None, "seconds": seconds, "plan": plan}
 
 
-def run(config_path: str, data: Path, structured: str, limit: int | None, workers: int, stride: int = 1) -> dict:
+def run(config_path: str, data: Path, structured: str, limit: int | None, workers: int, stride: int = 1,
+        jarvis_prompt: Path | None = None) -> dict:
     config = load_config(config_path)
     tools = ToolSet.load(data / "tool_mapping.json")
     samples = [json.loads(line) for line in (data / "huggingface_sample.jsonl").read_text().splitlines() if line]
@@ -60,7 +65,7 @@ def run(config_path: str, data: Path, structured: str, limit: int | None, worker
     if limit:
         samples, gold = samples[:limit], gold[:limit]
     llm = LLMClient(config.llm, proxy=config.proxy)
-    prompts = PromptSet.from_config(config)
+    prompts = PromptSet.from_jarvis(jarvis_prompt) if jarvis_prompt else PromptSet.from_config(config)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         outcomes = list(pool.map(lambda s: plan_one(llm, prompts, s["instruction"], structured,
                                                     config.planner_max_tokens), samples))
@@ -75,7 +80,9 @@ def run(config_path: str, data: Path, structured: str, limit: int | None, worker
             "latency": {"median_s": statistics.median(latency),
                         "p90_s": sorted(latency)[max(0, math.ceil(0.9 * len(latency)) - 1)]},
             "llm": {k: v for k, v in config.llm.redacted().items() if k != "api_key"}, "structured": structured,
-            "samples": len(samples), "predictions": {s["id"]: predicted[s["id"]] for s in samples}}
+            "prompt": f"JARVIS ({jarvis_prompt})" if jarvis_prompt else "ours", "samples": len(samples), "predictions": {s["id"]: predicted[s["id"]] for s in samples},
+            "replies": {s["id"]: {"reply": (o["reply"] or "")[:400], "error": o["error"]}
+                        for s, o in zip(samples, outcomes, strict=True)}}
 
 
 def summary(scores: Scores) -> dict:
@@ -85,9 +92,10 @@ def summary(scores: Scores) -> dict:
 
 def table(result: dict) -> str:
     rows = ["| run | samples | node-F1 | edge-F1 | valid plans |", "|---|---|---|---|---|"]
+    who = "JARVIS prompt" if result["prompt"] != "ours" else "ours"
     for subset in ("all", "clean"):
         r = result[subset]
-        rows.append(f"| ours, {subset} | {r['samples']} | {100 * r['node_f1']:.2f} | {100 * r['edge_f1']:.2f} | "
+        rows.append(f"| {who}, {subset} | {r['samples']} | {100 * r['node_f1']:.2f} | {100 * r['edge_f1']:.2f} | "
                     f"{100 * r['valid_rate']:.1f}% |")
     for name, (n, e) in PUBLISHED.items():
         rows.append(f"| {name} | 7546 | {n:.2f} | {e:.2f} | - |")
@@ -101,7 +109,8 @@ def plot(result: dict, path: Path) -> None:
     """A grouped bar chart drawn with Pillow (no plotting dependency): node-F1 and edge-F1 per run."""
     from PIL import Image, ImageDraw
 
-    runs = [(f"ours ({s})", 100 * result[s]["node_f1"], 100 * result[s]["edge_f1"]) for s in ("all", "clean")]
+    who = "JARVIS prompt" if result["prompt"] != "ours" else "ours"
+    runs = [(f"{who} ({s})", 100 * result[s]["node_f1"], 100 * result[s]["edge_f1"]) for s in ("all", "clean")]
     runs += [(name.split(" (")[0], n, e) for name, (n, e) in PUBLISHED.items()]
     width, height, left, bottom = 640, 360, 50, 300
     img = Image.new("RGB", (width, height), "white")
@@ -128,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="the TaskBench sample folder (default %(default)s)")
     parser.add_argument("--structured", choices=["auto", "on", "off"], default="off",
                         help="ask for JSON-schema-constrained plans (see structured_output in the README)")
+    parser.add_argument("--jarvis-prompt", type=Path, metavar="CONFIG",
+                        help="plan with JARVIS's prompt and demos, read from this JARVIS config file")
     parser.add_argument("--limit", type=int, help="only the first N samples")
     parser.add_argument("--stride", type=int, default=1, help="every Nth sample (a spread-out subset for slow LLMs)")
     parser.add_argument("--workers", type=int, default=4, help="requests in flight (default %(default)s)")
@@ -137,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no TaskBench sample in {args.data} (it lives outside the repository, in ../shared/taskbench)",
               file=sys.stderr)
         return 2
-    result = run(args.config, args.data, args.structured, args.limit, args.workers, args.stride)
+    try:
+        result = run(args.config, args.data, args.structured, args.limit, args.workers, args.stride,
+                     args.jarvis_prompt)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "taskbench.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "taskbench.png")

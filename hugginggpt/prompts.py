@@ -105,6 +105,37 @@ class PromptSet:
             demos=demos,
         )
 
+    @classmethod
+    def from_jarvis(cls, config_file: Path) -> PromptSet:
+        """JARVIS's own prompts and demos, read from a JARVIS config file, to benchmark them beside ours.
+
+        JARVIS runs from `hugginggpt/server` and names its demos relative to it, so a demo path is looked up
+        from the config's parent folder first, then from the config's own folder. Only planning is required.
+        """
+        import yaml
+
+        config_file = Path(config_file)
+        if not config_file.is_file():
+            raise ConfigError(f"{config_file}: no such JARVIS config file (e.g. JARVIS/hugginggpt/server/configs/"
+                              "config.default.yaml)")
+        try:
+            data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_file}: not valid YAML ({exc})") from None
+        sections = {k: data.get(k) or {} for k in ("tprompt", "prompt", "demos_or_presteps")}
+        if not all(isinstance(v, dict) and v.get("parse_task") for v in sections.values()):
+            raise ConfigError(f"{config_file}: a JARVIS config needs tprompt, prompt and demos_or_presteps "
+                              "entries for parse_task")
+        demos = {}
+        for stage, name in sections["demos_or_presteps"].items():
+            found = [p for p in (config_file.parent.parent / name, config_file.parent / name) if p.is_file()]
+            if found:
+                demos[stage] = load_demos(found[0], config_file)
+            elif stage == "parse_task":
+                load_demos(config_file.parent.parent / name, config_file)  # raises with the path it looked for
+        return cls(tprompt={**DEFAULT_TPROMPT, **sections["tprompt"]}, prompt={**DEFAULT_PROMPT, **sections["prompt"]},
+                   demos=demos)
+
     def _demos(self, stage: str, slots: dict[str, Any]) -> list[dict[str, str]]:
         return [{"role": m["role"], "content": fill(m["content"], slots)} for m in self.demos.get(stage, [])]
 

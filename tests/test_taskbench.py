@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hugginggpt.evaluation import ToolSet, gold_as_our_plan
 from tests.conftest import ROOT, start_server, stop_server, write_config
@@ -23,14 +24,16 @@ def load(name: str) -> list[dict]:
 
 
 def request_of(body: dict) -> str:
-    return body["messages"][-1]["content"].split("Now my request is {", 1)[1].rsplit("}", 1)[0].strip()
+    text = body["messages"][-1]["content"]
+    marker = "Now my request is {" if "Now my request is {" in text else "Now I input {"  # ours, JARVIS's
+    return text.split(marker, 1)[1].rsplit("}", 1)[0].strip()
 
 
-def run_bench(tmp_path: Path, llm, structured: str = "off") -> dict:
+def run_bench(tmp_path: Path, llm, structured: str = "off", *extra: str) -> dict:
     config = write_config(tmp_path, llm.base_url, "http://127.0.0.1:9", tmp_path)
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "taskbench.py"), "--config", str(config), "--out",
-                          str(out), "--structured", structured, "--workers", "8"],
+                          str(out), "--structured", structured, "--workers", "8", *extra],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (out / "taskbench.png").stat().st_size > 1000
@@ -62,6 +65,56 @@ def test_gold_plans_score_one_on_the_clean_subset(tmp_path, llm):
     assert result["all"]["nodes"] == {"tp": 404, "fp": 2, "fn": 0}
     assert result["all"]["edges"] == {"tp": 210, "fp": 5, "fn": 5}
     assert len(llm.stage_requests("parse_task")) == 160
+
+
+def jarvis_checkout(tmp_path: Path, with_demos: bool = True) -> Path:
+    """A folder laid out like JARVIS's hugginggpt/server, with a config and demos in JARVIS's format."""
+    server = tmp_path / "JARVIS" / "hugginggpt" / "server"
+    (server / "configs").mkdir(parents=True)
+    (server / "demos").mkdir()
+    if with_demos:
+        (server / "demos" / "demo_parse_task.json").write_text(json.dumps(JARVIS_DEMOS))
+    config = server / "configs" / "config.default.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": "text-davinci-003", "use_completion": True,
+        "tprompt": {"parse_task": JARVIS_TPROMPT, "choose_model": "#2 Model Selection Stage: (theirs)"},
+        "prompt": {"parse_task": "The chat log [ {{context}} ] may contain the resources I mentioned. "
+                                 "Now I input { {{input}} }. Pay attention to the types."},
+        "demos_or_presteps": {"parse_task": "demos/demo_parse_task.json",
+                              "choose_model": "demos/demo_choose_model.json"}}))
+    return config
+
+
+JARVIS_TPROMPT = "#1 Task Planning Stage: The AI assistant can parse user input to several tasks (a test's wording)."
+JARVIS_DEMOS = [{"role": "user", "content": "Look at /e.jpg, what is in it?"},
+                {"role": "assistant", "content": '[{"task": "image-to-text", "id": 0, "dep": [-1], '
+                                                 '"args": {"image": "/e.jpg"}}]'}]
+
+
+def test_jarvis_prompt_plans_with_their_prompt_and_demos(tmp_path, llm):
+    config = jarvis_checkout(tmp_path)
+    replay_llm(llm)
+    result = run_bench(tmp_path, llm, "off", "--jarvis-prompt", str(config), "--limit", "12")
+    assert result["prompt"] == f"JARVIS ({config})" and result["samples"] == 12
+    assert result["clean"]["node_f1"] == 1.0 and result["clean"]["edge_f1"] == 1.0
+    first = load("huggingface_sample.jsonl")[0]["instruction"]
+    sent = next(r["body"]["messages"] for r in llm.stage_requests("parse_task")
+                if first in r["body"]["messages"][-1]["content"])
+    assert sent[0] == {"role": "system", "content": JARVIS_TPROMPT}
+    assert sent[1:3] == JARVIS_DEMOS
+    assert sent[3] == {"role": "user", "content": "The chat log [ [] ] may contain the resources I mentioned. "
+                                                  f"Now I input {{ {first} }}. Pay attention to the types."}
+    assert len(sent) == 4  # our own demos are not mixed in
+
+
+def test_jarvis_prompt_without_its_demos_is_a_clear_error(tmp_path, llm):
+    config = jarvis_checkout(tmp_path, with_demos=False)
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "taskbench.py"), "--config",
+                          str(write_config(tmp_path, llm.base_url, "http://127.0.0.1:9", tmp_path)),
+                          "--jarvis-prompt", str(config), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "demo_parse_task.json" in run.stderr and not llm.requests
 
 
 def test_corrupted_plans_lose_exactly_what_they_should(tmp_path, llm):
