@@ -80,7 +80,8 @@ def run(config_path: str, data: Path, structured: str, limit: int | None, worker
             "latency": {"median_s": statistics.median(latency),
                         "p90_s": sorted(latency)[max(0, math.ceil(0.9 * len(latency)) - 1)]},
             "llm": {k: v for k, v in config.llm.redacted().items() if k != "api_key"}, "structured": structured,
-            "prompt": f"JARVIS ({jarvis_prompt})" if jarvis_prompt else "ours", "samples": len(samples), "predictions": {s["id"]: predicted[s["id"]] for s in samples},
+            "prompt": f"JARVIS ({jarvis_prompt})" if jarvis_prompt else "ours",
+            "samples": len(samples), "predictions": {s["id"]: predicted[s["id"]] for s in samples},
             "replies": {s["id"]: {"reply": (o["reply"] or "")[:400], "error": o["error"]}
                         for s, o in zip(samples, outcomes, strict=True)}}
 
