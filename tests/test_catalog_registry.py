@@ -65,9 +65,11 @@ def test_every_task_type_the_models_server_serves_has_a_tiny_model_in_the_tests(
 
     specs = {s.id: s for s in load_specs()}
     built = set(BUILDERS) | set(FULL_BUILDERS) | {"sentence-transformers/all-MiniLM-L6-v2"}  # MiniLM is real
-    covered = {specs[m].task for m in built if m in specs} | {s.task for s in specs.values() if not s.needs_weights}
+    covered = ({specs[m].task for m in built if m in specs} | {s.task for s in specs.values() if not s.needs_weights}
+               | {s.task for s in specs.values() if s.weights_from in built})  # annotators on a built model
     untested = {s.task for s in specs.values()} - covered
     # the six other ControlNet kinds share the canny ControlNet's loader and handler
     assert untested == {f"{c}-text-to-image" for c in ("depth", "hed", "mlsd", "normal", "openpose", "seg")}
     bases = {s.base_model for s in specs.values() if s.base_model}  # vocoders and SD bases load beside others
+    bases |= {s.weights_from for s in specs.values() if s.weights_from}
     assert all(m in specs or m in bases for m in built), sorted(m for m in built if m not in set(specs) | bases)

@@ -197,6 +197,36 @@ def test_depth_estimation_writes_a_depth_map_of_the_input_size(tiny):
         assert img.size == (80, 60)
 
 
+def test_normal_control_turns_a_depth_estimate_into_a_normal_map(tiny):
+    url, public, models_dir, _ = tiny
+    assert requests.get(url + "/status/normal-control", timeout=5).json()["loaded"] is True  # runs dpt-hybrid-midas
+    assert not (models_dir / "normal-control").exists()
+    out = post(url, "normal-control", {"img_url": "/examples/red.png"})
+    assert out.status_code == 200, out.text
+    with Image.open(public / out.json()["path"].lstrip("/")) as img:
+        assert img.size == (80, 60) and img.mode == "RGB"
+        pixels = np.asarray(img)
+    assert pixels[..., 2].min() >= 127  # every normal faces the viewer (z > 0)
+    assert post(url, "normal-control", {}).status_code == 400
+
+
+def test_normals_from_depth_follow_the_slope_and_leave_the_background_flat():
+    from hugginggpt.modelhost.handlers import normals_from_depth
+
+    depth = np.zeros((20, 40), dtype="float32")
+    depth[:, :20] = np.linspace(0.0, 0.3, 20)[None, :]  # far (under 0.4 of the range): background, though sloped
+    depth[:, 20:] = np.linspace(0.5, 1.0, 20)[None, :]  # a near surface rising to the right
+    rgb = normals_from_depth(depth * 255)
+    assert rgb.shape == (20, 40, 3) and rgb.dtype == np.uint8
+    assert (rgb[2:-2, 2:15] == [127, 127, 255]).all()  # background faces the viewer
+    slope = rgb[2:-2, 24:36].reshape(-1, 3)
+    assert (slope[:, 0] > 127).all() and (slope[:, 1] == 127).all() and (slope[:, 2] < 255).all()
+    falling = normals_from_depth(depth[:, ::-1] * 255)[2:-2, 4:16].reshape(-1, 3)
+    assert (falling[:, 0] < 127).all()  # the other slope tilts the other way
+    flat = normals_from_depth(np.full((8, 8), 3.0))
+    assert (flat == [127, 127, 255]).all()  # no division by zero on a constant map
+
+
 def test_visual_question_answering_answers_with_a_label(tiny):
     from tests.tiny_models import VQA_ANSWERS
 
@@ -436,6 +466,8 @@ def test_download_helper_lists_the_deployment(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "all-MiniLM-L6-v2: ships inside a Python package" in proc.stdout  # nothing to download
     assert "canny-control" not in proc.stdout  # annotators have no weights
+    assert "Intel/dpt-hybrid-midas: would fetch" in proc.stdout  # ...or run another model's (normal-control)
+    assert "normal-control" not in proc.stdout
     full = helper("--deployment", "full", "--models-dir", str(tmp_path), "--dry-run").stdout
     assert "lllyasviel/sd-controlnet-openpose: would fetch" in full and "stable-diffusion-v1-5/stable-diffusion-v1-5" in full
     assert "size unknown" in full  # offline: said, not guessed

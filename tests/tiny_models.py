@@ -367,6 +367,7 @@ BUILDERS = {
     "facebook/wav2vec2-base-960h": speech_recognizer,
     "nvidia/segformer-b0-finetuned-ade-512-512": image_segmenter,
     "Intel/dpt-large": depth_estimator,
+    "Intel/dpt-hybrid-midas": depth_estimator,  # the depth model the normal-control annotator runs
     "dandelin/vilt-b32-finetuned-vqa": visual_qa,
     "MIT/ast-finetuned-audioset-10-10-0.4593": audio_classifier,
     "impira/layoutlm-document-qa": document_qa,

@@ -247,6 +247,9 @@ CONTROLS = ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")
 # ControlNet models and annotators: picked by JARVIS's fixed rules, not ranked, but served locally.
 M["canny-control"] = [("canny-control", 0, 0, "controlnet,annotator,edges", "",
                        "Canny edge map of an image, the control input for ControlNet canny.")]
+M["normal-control"] = [("normal-control", 0, 0, "controlnet,annotator,normal", "",
+                        "Surface-normal map of an image, from a DPT depth estimate: the control input for ControlNet "
+                        "normal.")]
 for _c in CONTROLS:
     M[f"{_c}-text-to-image"] = [(f"lllyasviel/sd-controlnet-{_c}", 0, 0, f"controlnet,{_c}", "en",
                                  f"ControlNet on Stable Diffusion 1.5 conditioned on a {_c} map.")]
@@ -256,6 +259,7 @@ for _c in CONTROLS:
 # Levels as in JARVIS: minimal (annotators, light models) < standard (common pipelines) < full (generation).
 LOCAL = {
     "canny-control": ("annotator", "minimal", None),
+    "normal-control": ("depth-normals", "minimal", None),
     "sentence-transformers/all-MiniLM-L6-v2": ("sentence-embedding", "minimal", None),
     "distilbert/distilbert-base-uncased-finetuned-sst-2-english": ("pipeline", "standard", "text-classification"),
     "cardiffnlp/twitter-roberta-base-sentiment-latest": ("pipeline", "standard", "text-classification"),
@@ -299,6 +303,8 @@ LOCAL = {
 
 
 BASE_MODEL = {"controlnet": SD15, "speecht5-vc": "microsoft/speecht5_hifigan"}
+# Annotators that run another model's weights (read from that model's folder, fetched under its id).
+WEIGHTS_FROM = {"normal-control": "Intel/dpt-hybrid-midas"}
 
 
 def build_rows() -> list[dict]:
@@ -320,6 +326,8 @@ def build_rows() -> list[dict]:
                     local["base_model"] = BASE_MODEL[loader]
                 if loader == "annotator":
                     local["needs_weights"] = False
+                if mid in WEIGHTS_FROM:
+                    local["weights_from"] = WEIGHTS_FROM[mid]
                 row["local"] = local
             rows.append(row)
     missing = sorted(set(LOCAL) - seen)

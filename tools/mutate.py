@@ -187,6 +187,18 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return \"cpu\", (f\"device {requested!r} is configured but this torch has no CUDA \"",
              "        return requested, (f\"device {requested!r} is configured but this torch has no CUDA \"",
              ("tests/test_pool.py",)),
+    Mutation("annotator-weights-from-ignored", "hugginggpt/modelhost/registry.py",
+             "        local = self.models_dir / (spec.weights_from or spec.id)",
+             "        local = self.models_dir / spec.id",
+             ("tests/test_models_server.py::test_normal_control_turns_a_depth_estimate_into_a_normal_map",)),
+    Mutation("normal-background-kept", "hugginggpt/modelhost/handlers.py",
+             "    gx[near < bg_threshold] = 0\n",
+             "",
+             ("tests/test_models_server.py::test_normals_from_depth_follow_the_slope_and_leave_the_background_flat",)),
+    Mutation("jarvis-prompt-ignored", "bench/taskbench.py",
+             "    prompts = PromptSet.from_jarvis(jarvis_prompt) if jarvis_prompt else PromptSet.from_config(config)",
+             "    prompts = PromptSet.from_config(config)",
+             ("tests/test_taskbench.py::test_jarvis_prompt_plans_with_their_prompt_and_demos",)),
 )
 
 

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             return 2
         wanted = [s for s in wanted if s.id in args.only]
-    ids = sorted({s.id for s in wanted} | {s.base_model for s in wanted if s.base_model})
+    ids = sorted({s.weights_from or s.id for s in wanted} | {s.base_model for s in wanted if s.base_model})
     failed: list[str] = []
     hub_size = HubSizes()
     for mid in ids:

@@ -243,19 +243,49 @@ def text_to_video(m: Loaded, i: Inputs) -> Any:
     return {"path": public}
 
 
-def canny_control(m: Loaded, i: Inputs) -> Any:
-    """Edge map for ControlNet, computed with NumPy (Sobel magnitude with two thresholds)."""
-    from PIL import Image
-
-    gray = np.asarray(i.image().convert("L"), dtype="float32")
+def sobel(gray: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Horizontal and vertical 3x3 Sobel responses (zero on the border), in NumPy: no OpenCV needed."""
     gx = np.zeros_like(gray)
     gy = np.zeros_like(gray)
     gx[1:-1, 1:-1] = (gray[:-2, 2:] + 2 * gray[1:-1, 2:] + gray[2:, 2:]) - (gray[:-2, :-2] + 2 * gray[1:-1, :-2] + gray[2:, :-2])
     gy[1:-1, 1:-1] = (gray[2:, :-2] + 2 * gray[2:, 1:-1] + gray[2:, 2:]) - (gray[:-2, :-2] + 2 * gray[:-2, 1:-1] + gray[:-2, 2:])
+    return gx, gy
+
+
+def canny_control(m: Loaded, i: Inputs) -> Any:
+    """Edge map for ControlNet: Sobel magnitude with two thresholds."""
+    from PIL import Image
+
+    gx, gy = sobel(np.asarray(i.image().convert("L"), dtype="float32"))
     mag = np.hypot(gx, gy)
     low, high = float(i.body.get("low_threshold", 100)), float(i.body.get("high_threshold", 200))
     edges = np.where(mag >= high, 255, np.where(mag >= low, 128, 0)).astype("uint8")
     return i.save_image(Image.fromarray(edges).convert("RGB"))
+
+
+def normals_from_depth(depth: np.ndarray, bg_threshold: float = 0.4) -> np.ndarray:
+    """An RGB normal map (uint8) from a relative depth map, the recipe the sd-controlnet-normal card gives.
+
+    Depth gradients give the x and y of each normal and a constant 2*pi its z, so flat regions face the
+    viewer; pixels nearer the back than `bg_threshold` (of the depth range) are background and face it too.
+    """
+    depth = depth.astype("float32")
+    span = float(depth.max() - depth.min())
+    near = (depth - depth.min()) / span if span > 0 else np.zeros_like(depth)
+    gx, gy = sobel(depth)
+    gx[near < bg_threshold] = 0
+    gy[near < bg_threshold] = 0
+    normal = np.stack([gx, gy, np.full_like(gx, 2 * np.pi)], axis=2)
+    normal /= np.sqrt((normal ** 2).sum(axis=2, keepdims=True))
+    return (normal * 127.5 + 127.5).clip(0, 255).astype("uint8")
+
+
+def normal_control(m: Loaded, i: Inputs) -> Any:
+    from PIL import Image
+
+    image = i.image()
+    depth = np.asarray(m.obj(image)["depth"].convert("L").resize(image.size), dtype="float32")
+    return i.save_image(Image.fromarray(normals_from_depth(depth, float(i.body.get("bg_threshold", 0.4)))))
 
 
 def controlnet_generation(m: Loaded, i: Inputs) -> Any:
@@ -323,6 +353,7 @@ HANDLERS: dict[str, Handler] = {
     "text-to-image": text_to_image,
     "text-to-video": text_to_video,
     "canny-control": canny_control,
+    "normal-control": normal_control,
     **{f"{c}-text-to-image": controlnet_generation for c in ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")},
     "automatic-speech-recognition": speech_recognition,
     "audio-classification": audio_classification,

@@ -92,6 +92,10 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
         if dtype is not None and spec.task not in ("automatic-speech-recognition", "audio-classification"):
             kwargs["dtype"] = dtype
         return pipeline(spec.pipeline_task, model=where, **kwargs)
+    if spec.loader == "depth-normals":  # a depth model whose map the handler turns into surface normals
+        from transformers import pipeline
+
+        return pipeline("depth-estimation", model=where, device=device)
     if spec.loader == "seq2seq":
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 

@@ -18,10 +18,11 @@ LEVELS = {"minimal": 0, "standard": 1, "full": 2}
 class ModelSpec:
     id: str
     task: str  # the planner's task type
-    loader: str  # pipeline | seq2seq | extractive-qa | sentence-embedding | diffusers | controlnet | annotator
+    loader: str  # pipeline | seq2seq | ... | diffusers | controlnet | annotator | depth-normals
     level: str
     pipeline_task: str | None = None  # for loader "pipeline"
     base_model: str | None = None  # for ControlNet: the Stable Diffusion weights it plugs into
+    weights_from: str | None = None  # an annotator that runs another model reads that model's folder
     needs_weights: bool = True
     gpu_fraction: float = 0.25  # the share of one GPU a Ray Serve replica asks for to hold this model
 
@@ -51,6 +52,7 @@ def load_specs(catalog_path: Path = DEFAULT_CATALOG) -> tuple[ModelSpec, ...]:
         try:
             specs.append(ModelSpec(id=row["id"], task=row["task"], loader=local["loader"], level=local["level"],
                                    pipeline_task=local.get("pipeline_task"), base_model=local.get("base_model"),
+                                   weights_from=local.get("weights_from"),
                                    needs_weights=bool(local.get("needs_weights", True)),
                                    gpu_fraction=float(local.get("gpu", GPU_SHARE.get(local["loader"], 0.25)))))
         except KeyError as exc:
@@ -75,7 +77,7 @@ class Registry:
         """Where the weights are, or None when they are not on disk."""
         if not spec.needs_weights:
             return None
-        local = self.models_dir / spec.id
+        local = self.models_dir / (spec.weights_from or spec.id)
         if local.is_dir() and any(local.iterdir()):
             return local
         if spec.id == "sentence-transformers/all-MiniLM-L6-v2":
