@@ -210,6 +210,46 @@ def test_normal_control_turns_a_depth_estimate_into_a_normal_map(tiny):
     assert post(url, "normal-control", {}).status_code == 400
 
 
+def test_controlnet_aux_annotators_say_why_they_cannot_run(tiny):
+    """hed / mlsd / openpose come from controlnet_aux, which needs torchvision (no CPU build on this machine's
+    registries): with their checkpoints on disk, /status still says no, and every route says why."""
+    from hugginggpt.modelhost.registry import library_problem
+
+    if library_problem("controlnet_aux") is None:
+        pytest.skip("controlnet_aux imports here; this test is about a machine where it cannot")
+    url, _, models_dir, _ = tiny
+    folder = models_dir / "lllyasviel" / "Annotators"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("ControlNetHED.pth", "mlsd_large_512_fp32.pth", "body_pose_model.pth"):
+        (folder / name).write_bytes(b"checkpoint")
+    rows = {r["id"]: r for r in requests.get(url + "/models", timeout=5).json()["models"]}
+    for kind in ("hed", "mlsd", "openpose"):
+        mid = f"{kind}-control"
+        assert requests.get(f"{url}/status/{mid}", timeout=5).json()["loaded"] is False
+        assert rows[mid]["servable"] is False and "pip install controlnet-aux" in rows[mid]["problem"]
+        out = post(url, mid, {"img_url": "/examples/red.png"})
+        assert out.status_code == 404 and "needs the controlnet_aux library" in out.json()["error"]["message"]
+    assert rows["canny-control"]["servable"] and rows["canny-control"]["problem"] is None
+
+
+def test_registry_names_the_missing_files_of_an_annotator(tmp_path):
+    from hugginggpt.modelhost.registry import Registry
+
+    registry = Registry("minimal", tmp_path)
+    normal = registry.get("normal-control")
+    assert "Intel/dpt-hybrid-midas" in registry.problem(normal) and "hugginggpt.modelhost.download" in \
+        registry.problem(normal)
+    pose = registry.get("openpose-control")
+    assert pose.weights_from == "lllyasviel/Annotators" and "body_pose_model.pth" in pose.files
+    folder = tmp_path / "lllyasviel" / "Annotators"
+    folder.mkdir(parents=True)
+    (folder / "body_pose_model.pth").write_bytes(b"x")
+    assert registry.weights_path(pose) is None  # the hand and face checkpoints are missing still
+    for name in pose.files:
+        (folder / name).write_bytes(b"x")
+    assert registry.weights_path(pose) == folder
+
+
 def test_normals_from_depth_follow_the_slope_and_leave_the_background_flat():
     from hugginggpt.modelhost.handlers import normals_from_depth
 
@@ -467,6 +507,8 @@ def test_download_helper_lists_the_deployment(tmp_path):
     assert "all-MiniLM-L6-v2: ships inside a Python package" in proc.stdout  # nothing to download
     assert "canny-control" not in proc.stdout  # annotators have no weights
     assert "Intel/dpt-hybrid-midas: would fetch" in proc.stdout  # ...or run another model's (normal-control)
+    assert ("lllyasviel/Annotators: would fetch ControlNetHED.pth, body_pose_model.pth, facenet.pth, "
+            "hand_pose_model.pth, mlsd_large_512_fp32.pth into") in proc.stdout  # five files, not the repository
     assert "normal-control" not in proc.stdout
     full = helper("--deployment", "full", "--models-dir", str(tmp_path), "--dry-run").stdout
     assert "lllyasviel/sd-controlnet-openpose: would fetch" in full and "stable-diffusion-v1-5/stable-diffusion-v1-5" in full

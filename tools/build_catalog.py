@@ -250,6 +250,10 @@ M["canny-control"] = [("canny-control", 0, 0, "controlnet,annotator,edges", "",
 M["normal-control"] = [("normal-control", 0, 0, "controlnet,annotator,normal", "",
                         "Surface-normal map of an image, from a DPT depth estimate: the control input for ControlNet "
                         "normal.")]
+for _c, _what in (("hed", "soft HED edge map"), ("mlsd", "straight-line (M-LSD) map"),
+                  ("openpose", "OpenPose body skeleton")):
+    M[f"{_c}-control"] = [(f"{_c}-control", 0, 0, f"controlnet,annotator,{_c}", "",
+                           f"The {_what} of an image (controlnet_aux), the control input for ControlNet {_c}.")]
 for _c in CONTROLS:
     M[f"{_c}-text-to-image"] = [(f"lllyasviel/sd-controlnet-{_c}", 0, 0, f"controlnet,{_c}", "en",
                                  f"ControlNet on Stable Diffusion 1.5 conditioned on a {_c} map.")]
@@ -260,6 +264,7 @@ for _c in CONTROLS:
 LOCAL = {
     "canny-control": ("annotator", "minimal", None),
     "normal-control": ("depth-normals", "minimal", None),
+    **{f"{c}-control": ("controlnet-aux", "minimal", None) for c in ("hed", "mlsd", "openpose")},
     "sentence-transformers/all-MiniLM-L6-v2": ("sentence-embedding", "minimal", None),
     "distilbert/distilbert-base-uncased-finetuned-sst-2-english": ("pipeline", "standard", "text-classification"),
     "cardiffnlp/twitter-roberta-base-sentiment-latest": ("pipeline", "standard", "text-classification"),
@@ -304,7 +309,11 @@ LOCAL = {
 
 BASE_MODEL = {"controlnet": SD15, "speecht5-vc": "microsoft/speecht5_hifigan"}
 # Annotators that run another model's weights (read from that model's folder, fetched under its id).
-WEIGHTS_FROM = {"normal-control": "Intel/dpt-hybrid-midas"}
+WEIGHTS_FROM = {"normal-control": "Intel/dpt-hybrid-midas",
+                **{f"{c}-control": "lllyasviel/Annotators" for c in ("hed", "mlsd", "openpose")}}
+# ...and of such a repository only these files (lllyasviel/Annotators holds every annotator's checkpoints).
+FILES = {"hed-control": ["ControlNetHED.pth"], "mlsd-control": ["mlsd_large_512_fp32.pth"],
+         "openpose-control": ["body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"]}
 
 
 def build_rows() -> list[dict]:
@@ -328,6 +337,8 @@ def build_rows() -> list[dict]:
                     local["needs_weights"] = False
                 if mid in WEIGHTS_FROM:
                     local["weights_from"] = WEIGHTS_FROM[mid]
+                if mid in FILES:
+                    local["files"] = FILES[mid]
                 row["local"] = local
             rows.append(row)
     missing = sorted(set(LOCAL) - seen)

@@ -85,7 +85,8 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         rows = []
         for spec in registry.specs.values():
             entry = loaded.get(spec.id)
-            rows.append({"id": spec.id, "task": spec.task, "servable": registry.servable(spec),
+            problem = registry.problem(spec)
+            rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
                          "loaded": entry is not None, "device": pool.device,
                          "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
         return jsonify({"deployment": registry.deployment, "models": rows})
@@ -98,8 +99,9 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         body = request.get_json(silent=True, force=True)
         if not isinstance(body, dict):
             return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
-        if not registry.servable(spec):
-            return _error(f"weights for {model_id} are not in {registry.models_dir / model_id}", 404)
+        problem = registry.problem(spec)
+        if problem:
+            return _error(problem, 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
         try:
             result = pool.infer(spec, inputs)

@@ -83,27 +83,39 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             return 2
         wanted = [s for s in wanted if s.id in args.only]
-    ids = sorted({s.weights_from or s.id for s in wanted} | {s.base_model for s in wanted if s.base_model})
+    # repository -> the files needed from it, or None for the whole repository
+    needed: dict[str, set[str] | None] = {}
+    for s in wanted:
+        repo = s.weights_from or s.id
+        whole = not s.files or (repo in needed and needed[repo] is None)
+        needed[repo] = None if whole else (needed.get(repo) or set()) | set(s.files)
+        if s.base_model:
+            needed[s.base_model] = None
+    ids = sorted(needed)
     failed: list[str] = []
     hub_size = HubSizes()
     for mid in ids:
         target = models_dir / mid
         spec = registry.get(mid)
+        files = sorted(needed[mid] or ())
         packaged = spec is not None and registry.weights_path(spec) not in (None, target)
         if packaged:
             print(f"{mid}: ships inside a Python package ({registry.weights_path(spec)}), nothing to fetch")
             continue
-        if target.is_dir() and any(target.iterdir()):
+        there = all((target / f).is_file() for f in files) if files else target.is_dir() and any(target.iterdir())
+        if there:
             print(f"{mid}: already in {target} ({_human(_size(target))})")
             continue
+        what = f"{', '.join(files)} of {mid}" if files else mid
         if args.dry_run:
-            print(f"{mid}: would fetch into {target} ({_human(hub_size(mid))})", flush=True)
+            size = "only these files" if files else _human(hub_size(mid))
+            print(f"{mid}: would fetch {', '.join(files) + ' ' if files else ''}into {target} ({size})", flush=True)
             continue
-        print(f"{mid}: fetching into {target} ...", flush=True)
+        print(f"{mid}: fetching {what} into {target} ...", flush=True)
         from huggingface_hub import snapshot_download
 
         try:
-            snapshot_download(repo_id=mid, local_dir=target)
+            snapshot_download(repo_id=mid, local_dir=target, allow_patterns=files or None)
             print(f"{mid}: done ({_human(_size(target))})", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every failure, then exit non-zero
             failed.append(mid)

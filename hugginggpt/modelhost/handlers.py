@@ -288,6 +288,11 @@ def normal_control(m: Loaded, i: Inputs) -> Any:
     return i.save_image(Image.fromarray(normals_from_depth(depth, float(i.body.get("bg_threshold", 0.4)))))
 
 
+def aux_annotator(m: Loaded, i: Inputs) -> Any:
+    """A controlnet_aux detector: image in, control image (PIL) out."""
+    return i.save_image(m.obj(i.image()).convert("RGB"))
+
+
 def controlnet_generation(m: Loaded, i: Inputs) -> Any:
     out = m.obj(i.text(), image=i.image(), num_inference_steps=int(i.body.get("steps", 20)))
     return i.save_image(out.images[0])
@@ -354,6 +359,7 @@ HANDLERS: dict[str, Handler] = {
     "text-to-video": text_to_video,
     "canny-control": canny_control,
     "normal-control": normal_control,
+    **{f"{c}-control": aux_annotator for c in ("hed", "mlsd", "openpose")},
     **{f"{c}-text-to-image": controlnet_generation for c in ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")},
     "automatic-speech-recognition": speech_recognition,
     "audio-classification": audio_classification,

@@ -77,9 +77,9 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
     if spec.loader == "annotator":
         return None
     path = registry.weights_path(spec)
-    if path is None:
-        raise ModelUnavailable(f"weights for {spec.id} are not in {registry.models_dir / spec.id}; run "
-                               f"`python -m hugginggpt.modelhost.download --deployment {registry.deployment}`")
+    problem = registry.problem(spec)
+    if path is None or problem:
+        raise ModelUnavailable(problem or f"weights for {spec.id} are missing")
     import torch
 
     cuda = device.startswith("cuda")
@@ -92,6 +92,12 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
         if dtype is not None and spec.task not in ("automatic-speech-recognition", "audio-classification"):
             kwargs["dtype"] = dtype
         return pipeline(spec.pipeline_task, model=where, **kwargs)
+    if spec.loader == "controlnet-aux":  # JARVIS's hed / mlsd / openpose annotators, from lllyasviel/Annotators
+        import controlnet_aux
+
+        detector = {"hed-control": controlnet_aux.HEDdetector, "mlsd-control": controlnet_aux.MLSDdetector,
+                    "openpose-control": controlnet_aux.OpenposeDetector}[spec.task]
+        return detector.from_pretrained(where).to(device)
     if spec.loader == "depth-normals":  # a depth model whose map the handler turns into surface normals
         from transformers import pipeline
 

@@ -7,6 +7,8 @@ speech-to-speech). Weights live in `<local_models_dir>/<org>/<name>`, so the ids
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ class ModelSpec:
     pipeline_task: str | None = None  # for loader "pipeline"
     base_model: str | None = None  # for ControlNet: the Stable Diffusion weights it plugs into
     weights_from: str | None = None  # an annotator that runs another model reads that model's folder
+    files: tuple[str, ...] = ()  # the files it needs from that folder, when not the whole repository
     needs_weights: bool = True
     gpu_fraction: float = 0.25  # the share of one GPU a Ray Serve replica asks for to hold this model
 
@@ -33,6 +36,18 @@ class ModelSpec:
 # The share of a GPU each kind of model gets on Ray Serve unless its catalog row says `"gpu": x`:
 # diffusion pipelines need most of a card, annotators none.
 GPU_SHARE = {"diffusers": 0.5, "controlnet": 0.5, "annotator": 0.0}
+# Loaders that need a library beyond requirements.txt: (module, what to tell the user).
+LIBRARIES = {"controlnet-aux": ("controlnet_aux", "pip install controlnet-aux (it needs torchvision and opencv)")}
+
+
+@functools.cache
+def library_problem(module: str) -> str | None:
+    """Why a library cannot be imported, or None; asked once per process (an import either works or not)."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure means the loader cannot run here
+        return f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return None
 DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "p0_models.jsonl"
 
 
@@ -52,7 +67,7 @@ def load_specs(catalog_path: Path = DEFAULT_CATALOG) -> tuple[ModelSpec, ...]:
         try:
             specs.append(ModelSpec(id=row["id"], task=row["task"], loader=local["loader"], level=local["level"],
                                    pipeline_task=local.get("pipeline_task"), base_model=local.get("base_model"),
-                                   weights_from=local.get("weights_from"),
+                                   weights_from=local.get("weights_from"), files=tuple(local.get("files", ())),
                                    needs_weights=bool(local.get("needs_weights", True)),
                                    gpu_fraction=float(local.get("gpu", GPU_SHARE.get(local["loader"], 0.25)))))
         except KeyError as exc:
@@ -78,6 +93,8 @@ class Registry:
         if not spec.needs_weights:
             return None
         local = self.models_dir / (spec.weights_from or spec.id)
+        if spec.files:
+            return local if all((local / f).is_file() for f in spec.files) else None
         if local.is_dir() and any(local.iterdir()):
             return local
         if spec.id == "sentence-transformers/all-MiniLM-L6-v2":
@@ -98,9 +115,21 @@ class Registry:
             files += [f for f in base.rglob("*") if f.is_file() and f.suffix in suffixes]
         return sum(f.stat().st_size for f in files) or None
 
+    def problem(self, spec: ModelSpec) -> str | None:
+        """Why this model cannot be served here (missing library, weights or base model), or None."""
+        if spec.loader in LIBRARIES:
+            module, hint = LIBRARIES[spec.loader]
+            why = library_problem(module)
+            if why:
+                return f"{spec.id} needs the {module} library, which does not import here ({why}); {hint}"
+        if spec.needs_weights and self.weights_path(spec) is None:
+            folder = self.models_dir / (spec.weights_from or spec.id)
+            what = ", ".join(spec.files) if spec.files else "weights"
+            return (f"{what} for {spec.id} are not in {folder}; run `python -m hugginggpt.modelhost.download "
+                    f"--deployment {self.deployment}`")
+        if spec.base_model and not (self.models_dir / spec.base_model).is_dir():
+            return f"{spec.id} plugs into {spec.base_model}, which is not in {self.models_dir / spec.base_model}"
+        return None
+
     def servable(self, spec: ModelSpec) -> bool:
-        if not spec.needs_weights:
-            return True
-        if self.weights_path(spec) is None:
-            return False
-        return spec.base_model is None or (self.models_dir / spec.base_model).is_dir()
+        return self.problem(spec) is None
