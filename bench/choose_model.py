@@ -23,6 +23,7 @@ from hugginggpt.ranking import SemanticRanker  # noqa: E402
 from tests.test_ranking import CASES  # noqa: E402
 
 CANDIDATES = 5
+CHOICE_TOKENS = 200  # a choice is a short JSON object; a base model left alone talks until its context is full
 
 
 def rank_cases(ranker, catalog) -> list[dict]:
@@ -55,7 +56,8 @@ def llm_choice(config_path: str | None):
     def choose(row: dict) -> str | None:
         metas = [catalog.get(i).meta(config.max_description_length, "local") for i in row["ids"]]
         reply = llm.chat(prompts.choose_model(row["text"], {"task": row["task"], "id": 0, "dep": [-1],
-                                                            "args": {"text": row["text"]}}, metas))
+                                                            "args": {"text": row["text"]}}, metas),
+                         max_tokens=CHOICE_TOKENS)
         return parse_choice(reply, row["ids"])[0]
 
     return choose
