@@ -76,9 +76,9 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
     """Build the object a handler needs; half precision on CUDA where the pipeline allows it."""
     if spec.loader == "annotator":
         return None
-    path = registry.weights_path(spec)
     problem = registry.problem(spec)
-    if path is None or problem:
+    path = registry.weights_path(spec)
+    if problem or path is None:
         raise ModelUnavailable(problem or f"weights for {spec.id} are missing")
     import torch
 

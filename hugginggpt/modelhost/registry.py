@@ -48,6 +48,8 @@ def library_problem(module: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - any import failure means the loader cannot run here
         return f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     return None
+
+
 DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "p0_models.jsonl"
 
 
