@@ -100,7 +100,10 @@ def answer_once(engine: HuggingGPT, messages: list[dict[str, str]], out: TextIO 
     worker = threading.Thread(target=work, name=f"cli-{request.request_id}", daemon=True)
     worker.start()
     try:
-        worker.join()
+        while worker.is_alive():
+            # Timed: SIGINT may be delivered to any thread, and a main thread blocked in an untimed join
+            # would only run Python's handler once the request had finished.
+            worker.join(0.1)
     except KeyboardInterrupt:
         muted.set()
         state: RequestState | None = holder.get("state")

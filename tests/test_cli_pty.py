@@ -9,6 +9,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -148,3 +149,39 @@ def test_the_cli_says_when_it_loads_the_ranker_and_shows_no_library_noise(tmp_pa
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert lines[0] == "loading the model ranker (all-MiniLM-L6-v2)..."
     assert all(line.startswith("  [") for line in lines[1:]), lines  # only our progress lines follow
+
+
+class BlockingEngine:
+    """Stands in for the pipeline: runs until cancelled (or 5 s), so the test sees how fast Ctrl-C lands."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.worker: int | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def run(self, request, mode, on_event, state_ready):
+        self.worker = threading.get_ident()
+        state_ready(self)
+        self.cancelled.wait(5)
+        return {"message": "finished"}
+
+
+def test_ctrl_c_lands_even_when_the_signal_hits_another_thread():
+    """The kernel may deliver SIGINT to any thread; the CLI must still cancel at once, not when the run ends."""
+    from hugginggpt.cli import answer_once
+
+    engine = BlockingEngine()
+
+    def interrupt() -> None:
+        while engine.worker is None:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        signal.pthread_kill(engine.worker, signal.SIGINT)  # not the main thread
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        answer_once(engine, [{"role": "user", "content": "draw a slow fox"}], None)
+    assert time.monotonic() - started < 2 and engine.cancelled.is_set()

@@ -199,6 +199,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    prompts = PromptSet.from_jarvis(jarvis_prompt) if jarvis_prompt else PromptSet.from_config(config)",
              "    prompts = PromptSet.from_config(config)",
              ("tests/test_taskbench.py::test_jarvis_prompt_plans_with_their_prompt_and_demos",)),
+    Mutation("cli-untimed-join", "hugginggpt/cli.py",
+             "            worker.join(0.1)",
+             "            worker.join()",
+             ("tests/test_cli_pty.py::test_ctrl_c_lands_even_when_the_signal_hits_another_thread",)),
 )
 
 
