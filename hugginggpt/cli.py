@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import warnings
@@ -144,6 +145,10 @@ def run_text(engine: HuggingGPT, text: str, progress: bool = True) -> int:
 
 
 def run_cli(engine: HuggingGPT, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+    if stdin.isatty() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background of a script, which ignores SIGINT (and Python keeps that); a person at
+        # this terminal still expects Ctrl-C to cancel the running request.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     print("Welcome to HuggingGPT. Ask for anything; type `exit` to quit, Ctrl-C cancels a running request.",
           file=out, flush=True)
     warm_up(engine, out)

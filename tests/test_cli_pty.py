@@ -23,6 +23,8 @@ class Terminal:
     def __init__(self, argv: list[str]):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal
+            # as when started from a script in the background, which ignores SIGINT: Ctrl-C must work anyway
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.execv(argv[0], argv)
         self.text = ""
 
@@ -180,8 +182,12 @@ def test_ctrl_c_lands_even_when_the_signal_hits_another_thread():
         time.sleep(0.2)
         signal.pthread_kill(engine.worker, signal.SIGINT)  # not the main thread
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        answer_once(engine, [{"role": "user", "content": "draw a slow fox"}], None)
-    assert time.monotonic() - started < 2 and engine.cancelled.is_set()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest may run with SIGINT ignored
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            answer_once(engine, [{"role": "user", "content": "draw a slow fox"}], None)
+        assert time.monotonic() - started < 2 and engine.cancelled.is_set()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -203,6 +203,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            worker.join(0.1)",
              "            worker.join()",
              ("tests/test_cli_pty.py::test_ctrl_c_lands_even_when_the_signal_hits_another_thread",)),
+    Mutation("cli-keeps-ignored-sigint", "hugginggpt/cli.py",
+             "        signal.signal(signal.SIGINT, signal.default_int_handler)",
+             "        pass",
+             ("tests/test_cli_pty.py::test_ctrl_c_cancels_the_running_request_and_history_keeps_files",)),
 )
 
 
