@@ -142,14 +142,12 @@ class Scheduler:
         events: list[tuple[str, dict[str, Any]]] = []
         with self._lock:
             self._input_open = False
-            for tid, waiting in self._waiting.items():
+            for tid, waiting in list(self._waiting.items()):
                 missing = [d for d in waiting if d not in self._outcomes]
-                o = self._outcomes[tid]
-                if missing and o.state == PENDING:
-                    o.state, o.finished_at = SKIPPED, time.perf_counter()
-                    o.error = f"skipped: it depends on task {missing[0]}, which is not in the plan"
-                    self._open -= 1
-                    events.append(("task_skipped", {"id": tid, "error": o.error}))
+                if missing and self._outcomes[tid].state == PENDING:  # its dependents are skipped with it
+                    _, skipped = self._settle(tid, SKIPPED, None,
+                                              f"skipped: it depends on task {missing[0]}, which is not in the plan")
+                    events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in [tid, *skipped]]
             if self._open == 0:
                 self._all_done.set()
         for name, payload in events:

@@ -147,3 +147,18 @@ def test_a_late_result_never_replaces_the_timeout_record(tmp_path, llm):
     with states[0].lock:
         record = states[0].results[0]
     assert "predicted" not in record["inference result"] and "error" in record["inference result"]
+
+
+def test_streamed_tasks_waiting_for_a_task_that_never_came_are_skipped_with_their_dependents():
+    ran: list[int] = []
+    s = Scheduler({}, lambda tid: ran.append(tid), streaming=True)
+    s.add(0, [])
+    s.add(2, [1])  # task 1 is never added
+    s.add(3, [2])
+    s.close_input()
+    started = time.monotonic()
+    out = s.run(timeout=5)
+    assert time.monotonic() - started < 2  # nothing left waiting until the deadline
+    assert out[0].state == DONE and ran == [0]
+    assert out[2].state == SKIPPED and "task 1" in out[2].error and "not in the plan" in out[2].error
+    assert out[3].state == SKIPPED and "task 2" in out[3].error
