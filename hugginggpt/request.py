@@ -127,10 +127,10 @@ class RequestState:
             self._held = []
 
     def release_events(self, drop: bool = False) -> None:
-        with self._held_lock:
+        with self._held_lock:  # delivered under the lock: an event emitted meanwhile waits and comes after them
             held, self._held = self._held, None
-        for name, event in ([] if drop or held is None else held):
-            self._deliver(name, event)
+            for name, event in ([] if drop or held is None else held):
+                self._deliver(name, event)
 
     def emit(self, name: str, payload: dict[str, Any]) -> None:
         if self._sink is None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import requests
 
 from hugginggpt.planstream import EarlyTasks, ObjectStream
+from hugginggpt.request import ChatRequest, RequestState
 from tests.conftest import start_server, stop_server, write_config
 
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -79,3 +82,24 @@ def test_without_streaming_the_first_task_waits_for_the_whole_plan(tmp_path, llm
         assert lead > 0
     finally:
         stop_server(srv)
+
+
+def test_held_events_go_out_before_any_event_that_comes_while_they_are_released():
+    """Tasks may start (and finish) while the held events are still being delivered: order must hold."""
+    seen: list[str] = []
+    calls = iter(range(1000))
+
+    def sink(name: str, event: dict) -> None:
+        if next(calls) == 0:
+            time.sleep(0.3)  # a slow first delivery: the release is still going on
+        seen.append(name)
+
+    state = RequestState(ChatRequest.from_body({"messages": [{"role": "user", "content": "x"}]}), None, sink, 30)
+    state.hold_events()
+    state.emit("task_started", {"id": 0})
+    state.emit("model_selected", {"id": 1})
+    late = threading.Thread(target=lambda: (time.sleep(0.1), state.emit("task_finished", {"id": 0})))
+    late.start()
+    state.release_events()
+    late.join()
+    assert seen == ["task_started", "model_selected", "task_finished"]

@@ -151,7 +151,9 @@ def test_a_late_result_never_replaces_the_timeout_record(tmp_path, llm):
 
 def test_streamed_tasks_waiting_for_a_task_that_never_came_are_skipped_with_their_dependents():
     ran: list[int] = []
-    s = Scheduler({}, lambda tid: ran.append(tid), streaming=True)
+    events: list[tuple[str, int]] = []
+    s = Scheduler({}, lambda tid: ran.append(tid), streaming=True,
+                  on_event=lambda name, payload: events.append((name, payload["id"])))
     s.add(0, [])
     s.add(2, [1])  # task 1 is never added
     s.add(3, [2])
@@ -162,3 +164,4 @@ def test_streamed_tasks_waiting_for_a_task_that_never_came_are_skipped_with_thei
     assert out[0].state == DONE and ran == [0]
     assert out[2].state == SKIPPED and "task 1" in out[2].error and "not in the plan" in out[2].error
     assert out[3].state == SKIPPED and "task 2" in out[3].error
+    assert ("task_skipped", 2) in events and ("task_skipped", 3) in events  # watchers hear of both

@@ -207,6 +207,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        signal.signal(signal.SIGINT, signal.default_int_handler)",
              "        pass",
              ("tests/test_cli_pty.py::test_ctrl_c_cancels_the_running_request_and_history_keeps_files",)),
+    Mutation("held-events-released-outside-the-lock", "hugginggpt/request.py",
+             "            held, self._held = self._held, None\n            for name, event",
+             "            held, self._held = self._held, None\n        for name, event",
+             ("tests/test_plan_streaming.py::test_held_events_go_out_before_any_event_that_comes_while_they_are_released",)),
+    Mutation("close-input-without-cascade", "hugginggpt/scheduler.py",
+             "for s in [tid, *skipped]]\n            if self._open == 0:",
+             "for s in [tid]]\n            if self._open == 0:",
+             ("tests/test_scheduler.py",)),
 )
 
 
