@@ -183,15 +183,15 @@ class HuggingGPT:
             log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
             self.drop_early(state, early)
             return {"message": self.chitchat(state)}
+        problems = invalid_tasks(plan)
         if early is not None and early.started:
             differs = [t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
-            if invalid_tasks(plan) or differs or not plan.tasks:  # the full plan disagrees: start over from it
+            if problems or differs or not plan.tasks:  # the full plan disagrees: start over from it
                 log.info("[%s] the full plan differs from the streamed tasks %s; starting over", req.request_id,
                          differs)
                 self.drop_early(state, early)
                 early = None
         state.planner_messages, state.plan_reply = messages, reply
-        problems = invalid_tasks(plan)
         if problems and plan.tasks and self.replanner.allowed(state):
             state.replan_attempts += 1
             reason = "the plan cannot run as written: " + "; ".join(problems)
@@ -208,10 +208,10 @@ class HuggingGPT:
         if len(plan.tasks) == 1 and plan.tasks[0].task in TEXT_TASKS_FOR_LLM and not plan.tasks[0].error:
             self.drop_early(state, early)
             return {"message": self.chitchat(state)}
-        for task in plan.tasks:
+        for i, task in enumerate(plan.tasks):
             control_task_fixup(task)
             if early is not None and task.id in early.started:
-                plan.tasks[plan.tasks.index(task)] = early.started[task.id]  # the very object that runs
+                plan.tasks[i] = early.started[task.id]  # the very object that runs
         state.emit("plan", {"tasks": plan.to_list(), "notes": plan.notes})
         state.release_events()
         return plan

@@ -68,7 +68,7 @@ class Replanner:
         except PlanParseError as exc:
             log.info("[%s] the replan is not a task list (%s)", state.request.request_id, exc)
             return None
-        taken = finished | {t for t in range(first_id)}
+        taken = finished | set(range(first_id))
         clash = [t.id for t in plan.tasks if t.id in taken]
         if clash or not plan.tasks:
             log.info("[%s] the replan is unusable (ids %s reused or empty)", state.request.request_id, clash)
