@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hugginggpt.catalog import Catalog, RankQuery  # noqa: E402
-from hugginggpt.ranking import SemanticRanker  # noqa: E402
+from hugginggpt.catalog.semantic import SemanticRanker  # noqa: E402
 from tests.test_ranking import CASES  # noqa: E402
 
 CANDIDATES = 5

@@ -48,7 +48,7 @@ class HuggingGPT:
         self.prompts = PromptSet.from_config(config)
         self.catalog = Catalog.load(config.catalog_path)
         if ranker is None and config.semantic_ranking:
-            from .ranking import SemanticRanker
+            from .catalog.semantic import SemanticRanker
 
             ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards)
         self.ranker = ranker or KeywordRanker()

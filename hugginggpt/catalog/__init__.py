@@ -1,0 +1,23 @@
+"""The model catalog: which models can do a task, and how they are ranked for a request.
+
+`cards` holds the curated catalog and the keyword ranker (always available); `semantic` layers sentence
+embeddings on top when their model is installed.
+"""
+
+from .cards import (
+    Catalog,
+    KeywordRanker,
+    ModelCard,
+    PopularityRanker,
+    Ranker,
+    RankQuery,
+    card_from_row,
+    dump_rows,
+    language_fit,
+    languages_in,
+    popularity,
+    words,
+)
+
+__all__ = ["Catalog", "KeywordRanker", "ModelCard", "PopularityRanker", "Ranker", "RankQuery", "card_from_row",
+           "dump_rows", "language_fit", "languages_in", "popularity", "words"]
