@@ -25,7 +25,7 @@ def hops(graph: dict[int, list[int]], work: float = 0.005) -> list[float]:
         time.sleep(work)
         ended[tid] = time.perf_counter()  # when it returns to the scheduler
 
-    Scheduler(graph, body, max_workers=8).run(timeout=60)
+    Scheduler.of_graph(graph, body, max_workers=8).run(timeout=60)
     return [began[tid] - max(ended[d] for d in deps) for tid, deps in graph.items() if deps]
 
 

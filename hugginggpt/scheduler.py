@@ -48,73 +48,78 @@ EventSink = Callable[[str, dict[str, Any]], None]
 
 
 class Scheduler:
-    """Run `body(task_id)` for every node of a DAG given as {id: [dependency ids]}."""
+    """Run `body(task_id)` for every task added, each as soon as its dependencies are done.
 
-    def __init__(
-        self,
-        graph: dict[int, list[int]],
-        body: Callable[[int], Any],
-        *,
-        max_workers: int = 8,
-        on_event: EventSink | None = None,
-        failed_upfront: dict[int, str] | None = None,
-        streaming: bool = False,
-    ):
-        """streaming=True: more tasks come through `add` (each starts as soon as its dependencies are done)
-        until `close_input`; `run` then waits for them all."""
-        self._graph = {tid: [d for d in deps if d in graph and d != tid] for tid, deps in graph.items()}
+    Tasks arrive through `add` (the streaming planner adds them as the plan is read), nothing starts before
+    `start` (or `run`), `close_input` says no more will come, and `run` waits for them all. `of_graph` is the
+    same machine fed a whole graph at once.
+    """
+
+    def __init__(self, body: Callable[[int], Any], *, max_workers: int = 8, on_event: EventSink | None = None):
         self._body = body
         self._emit = on_event or (lambda name, payload: None)
         self._lock = threading.Lock()
         self._all_done = threading.Event()
+        self._started = False  # tasks added before `start` wait for it
         self._closed = False
-        self._outcomes = {tid: Outcome(tid) for tid in graph}
-        self._waiting = {tid: set(deps) for tid, deps in self._graph.items()}
+        self._closed_as: tuple[str, str] | None = None  # how cancel() or the deadline settled what was open
+        self._outcomes: dict[int, Outcome] = {}
+        self._waiting: dict[int, set[int]] = {}
         self._dependents: dict[int, list[int]] = defaultdict(list)
-        for tid, deps in self._graph.items():
-            for d in deps:
-                self._dependents[d].append(tid)
-        self._open = len(graph)
-        self._failed_upfront = failed_upfront or {}
-        self._input_open = streaming
+        self._open = 0
+        self._input_open = True
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="task")
+
+    @classmethod
+    def of_graph(cls, graph: dict[int, list[int]], body: Callable[[int], Any], *,
+                 failed_upfront: dict[int, str] | None = None, **kwargs: Any) -> Scheduler:
+        """A whole DAG {id: [dependency ids]} at once; dependencies outside the graph are ignored."""
+        scheduler = cls(body, **kwargs)
+        failed_upfront = failed_upfront or {}
+        for tid, deps in graph.items():
+            scheduler.add(tid, [d for d in deps if d in graph], failed=failed_upfront.get(tid))
+        scheduler.close_input()
+        return scheduler
 
     # -- public -------------------------------------------------------------------------------
 
-    def run(self, timeout: float | None = None) -> dict[int, Outcome]:
-        """Block until every task is settled, the deadline passes, or cancel() is called."""
-        events: list[tuple[str, dict[str, Any]]] = []
+    def start(self) -> None:
+        """Start every task whose dependencies are done; from now on an added task starts on arrival."""
         with self._lock:
-            for tid, message in self._failed_upfront.items():
-                if tid in self._outcomes and self._outcomes[tid].state == PENDING:
-                    _, skipped = self._settle(tid, FAILED, None, message)
-                    events.append(("task_failed", {"id": tid, "result": None, "error": message, "seconds": 0.0}))
-                    events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in skipped]
+            if self._started:
+                return
+            self._started = True
             starters = [t for t, deps in self._waiting.items() if not deps and self._outcomes[t].state == PENDING]
-            if self._open == 0 and not self._input_open:
-                self._all_done.set()
-        for name, payload in events:
-            self._emit(name, payload)
         for tid in starters:
             self._start(tid)
+
+    def run(self, timeout: float | None = None) -> dict[int, Outcome]:
+        """Start what is ready and block until every task is settled, the deadline passes, or cancel()."""
+        self.start()
         finished = self._all_done.wait(timeout)
         with self._lock:
-            if not finished or self._closed:
-                self._close(TIMEOUT if not finished else CANCELLED, "deadline passed before the task finished")
+            if not finished:
+                self._close(TIMEOUT, "deadline passed before the task finished")
             self._closed = True
             result = {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
         self._pool.shutdown(wait=False, cancel_futures=True)
         return result
 
     def add(self, tid: int, deps: list[int], failed: str | None = None) -> None:
-        """One more task (streaming): it starts at once if its dependencies are done, later otherwise."""
+        """One more task: once started, it runs at once if its dependencies are done, later otherwise.
+
+        A task added after `cancel` (or the deadline) is settled the way the tasks open then were."""
         events: list[tuple[str, dict[str, Any]]] = []
         start = False
         with self._lock:
-            if self._closed or not self._input_open or tid in self._outcomes:
+            if tid in self._outcomes or (not self._input_open and not self._closed):
+                return
+            if self._closed:  # cancelled (or past the deadline) before it came: it is reported as such
+                if self._closed_as is not None:
+                    state, reason = self._closed_as
+                    self._outcomes[tid] = Outcome(tid, state, error=reason, finished_at=time.perf_counter())
                 return
             deps = [d for d in dict.fromkeys(deps) if d != tid and d != -1]
-            self._graph[tid] = deps
             self._outcomes[tid] = Outcome(tid)
             self._open += 1
             dead = [d for d in deps if d in self._outcomes and self._outcomes[d].state not in (PENDING, RUNNING, DONE)]
@@ -131,7 +136,7 @@ class Scheduler:
                 self._waiting[tid] = waiting
                 for d in waiting:
                     self._dependents[d].append(tid)
-                start = not waiting
+                start = not waiting and self._started
         for name, payload in events:
             self._emit(name, payload)
         if start:
@@ -168,6 +173,7 @@ class Scheduler:
     # -- internals ----------------------------------------------------------------------------
 
     def _close(self, state: str, reason: str) -> None:
+        self._closed_as = (state, reason)
         for o in self._outcomes.values():
             if o.state in (PENDING, RUNNING):
                 o.state, o.error = state, reason

@@ -27,7 +27,7 @@ def recorder(delays: dict[int, float], fail: set[int] = frozenset()):
 
 def test_dependent_starts_only_after_its_dependency():
     body, times = recorder({0: 0.15})
-    outcomes = Scheduler({0: [], 1: [0]}, body).run(timeout=5)
+    outcomes = Scheduler.of_graph({0: [], 1: [0]}, body).run(timeout=5)
     assert outcomes[1].state == DONE
     assert times[1][0] >= times[0][1]
 
@@ -35,14 +35,14 @@ def test_dependent_starts_only_after_its_dependency():
 def test_independent_tasks_overlap():
     body, times = recorder({0: 0.3, 1: 0.3})
     t0 = time.perf_counter()
-    Scheduler({0: [], 1: []}, body).run(timeout=5)
+    Scheduler.of_graph({0: [], 1: []}, body).run(timeout=5)
     assert time.perf_counter() - t0 < 0.55  # sequential would take 0.6
     assert times[1][0] < times[0][1] and times[0][0] < times[1][1]
 
 
 def test_dependent_starts_the_moment_its_last_dependency_finishes():
     body, times = recorder({0: 0.1, 1: 0.3})
-    outcomes = Scheduler({0: [], 1: [], 2: [0, 1]}, body).run(timeout=5)
+    outcomes = Scheduler.of_graph({0: [], 1: [], 2: [0, 1]}, body).run(timeout=5)
     assert times[2][0] >= times[1][1]
     hop = outcomes[2].started_at - outcomes[1].finished_at
     assert 0 <= hop < 0.1  # event driven: no 0.5 s polling tick
@@ -51,7 +51,7 @@ def test_dependent_starts_the_moment_its_last_dependency_finishes():
 def test_failure_skips_dependents_transitively_with_a_reason():
     body, _ = recorder({}, fail={0})
     events = []
-    outcomes = Scheduler({0: [], 1: [0], 2: [1], 3: []}, body,
+    outcomes = Scheduler.of_graph({0: [], 1: [0], 2: [1], 3: []}, body,
                          on_event=lambda n, p: events.append((n, p["id"]))).run(timeout=5)
     assert outcomes[0].state == FAILED and outcomes[0].result == {"error": "broke"}
     assert outcomes[1].state == SKIPPED and "task 0" in outcomes[1].error
@@ -66,7 +66,7 @@ def test_a_crashing_body_fails_only_its_task():
             raise ZeroDivisionError("boom")
         return tid
 
-    outcomes = Scheduler({0: [], 1: []}, body).run(timeout=5)
+    outcomes = Scheduler.of_graph({0: [], 1: []}, body).run(timeout=5)
     assert outcomes[0].state == FAILED and "ZeroDivisionError" in outcomes[0].error
     assert outcomes[1].state == DONE
 
@@ -74,7 +74,7 @@ def test_a_crashing_body_fails_only_its_task():
 def test_deadline_reports_what_finished():
     body, _ = recorder({0: 0.0, 1: 2.0})
     t0 = time.perf_counter()
-    outcomes = Scheduler({0: [], 1: [], 2: [1]}, body).run(timeout=0.3)
+    outcomes = Scheduler.of_graph({0: [], 1: [], 2: [1]}, body).run(timeout=0.3)
     assert time.perf_counter() - t0 < 1.0
     assert outcomes[0].state == DONE
     assert outcomes[1].state == TIMEOUT and outcomes[2].state == TIMEOUT
@@ -82,13 +82,13 @@ def test_deadline_reports_what_finished():
 
 def test_failed_upfront_tasks_never_run():
     ran = []
-    outcomes = Scheduler({0: [], 1: [0]}, lambda t: ran.append(t), failed_upfront={0: "bad plan"}).run(timeout=5)
+    outcomes = Scheduler.of_graph({0: [], 1: [0]}, lambda t: ran.append(t), failed_upfront={0: "bad plan"}).run(timeout=5)
     assert ran == [] and outcomes[0].error == "bad plan" and outcomes[1].state == SKIPPED
 
 
 def test_cancel_stops_waiting():
     body, _ = recorder({0: 2.0})
-    sched = Scheduler({0: [], 1: [0]}, body)
+    sched = Scheduler.of_graph({0: [], 1: [0]}, body)
     threading.Timer(0.1, sched.cancel).start()
     t0 = time.perf_counter()
     outcomes = sched.run(timeout=10)
@@ -97,14 +97,14 @@ def test_cancel_stops_waiting():
 
 
 def test_empty_graph_returns_at_once():
-    assert Scheduler({}, lambda t: t).run(timeout=1) == {}
+    assert Scheduler.of_graph({}, lambda t: t).run(timeout=1) == {}
 
 
 def test_a_task_finishing_after_the_deadline_keeps_its_timeout():
     """The deadline settled task 0 as timed out; its late finish must not rewrite that or emit events."""
     events: list[tuple[str, int]] = []
     body, times = recorder({0: 0.6})
-    sched = Scheduler({0: [], 1: [0]}, body, on_event=lambda name, p: events.append((name, p["id"])))
+    sched = Scheduler.of_graph({0: [], 1: [0]}, body, on_event=lambda name, p: events.append((name, p["id"])))
     outcomes = sched.run(timeout=0.2)
     assert outcomes[0].state == TIMEOUT and outcomes[1].state == TIMEOUT
     time.sleep(0.7)  # task 0's body returns meanwhile
@@ -152,7 +152,7 @@ def test_a_late_result_never_replaces_the_timeout_record(tmp_path, llm):
 def test_streamed_tasks_waiting_for_a_task_that_never_came_are_skipped_with_their_dependents():
     ran: list[int] = []
     events: list[tuple[str, int]] = []
-    s = Scheduler({}, lambda tid: ran.append(tid), streaming=True,
+    s = Scheduler(lambda tid: ran.append(tid),
                   on_event=lambda name, payload: events.append((name, payload["id"])))
     s.add(0, [])
     s.add(2, [1])  # task 1 is never added
@@ -165,3 +165,37 @@ def test_streamed_tasks_waiting_for_a_task_that_never_came_are_skipped_with_thei
     assert out[2].state == SKIPPED and "task 1" in out[2].error and "not in the plan" in out[2].error
     assert out[3].state == SKIPPED and "task 2" in out[3].error
     assert ("task_skipped", 2) in events and ("task_skipped", 3) in events  # watchers hear of both
+
+
+def test_cancel_before_run_reports_every_task_cancelled_and_runs_none():
+    """Whether the graph came whole or task by task (streamed after the cancel), the report is the same."""
+    ran: list[int] = []
+    whole = Scheduler.of_graph({0: [], 1: [0]}, ran.append)
+    whole.cancel("stopped by the user")
+    streamed = Scheduler(ran.append)
+    streamed.cancel("stopped by the user")
+    streamed.add(0, [])
+    streamed.add(1, [0])
+    streamed.close_input()
+    for scheduler in (whole, streamed):
+        out = scheduler.run(timeout=1)
+        assert {t: (o.state, o.error) for t, o in out.items()} == {
+            0: ("cancelled", "stopped by the user"), 1: ("cancelled", "stopped by the user")}
+    assert ran == []
+
+
+def test_nothing_starts_before_start_and_later_tasks_start_on_arrival():
+    ran: list[int] = []
+    s = Scheduler(ran.append)
+    s.add(0, [])
+    time.sleep(0.1)
+    assert ran == []  # added, not started
+    s.start()
+    s.add(1, [0])
+    s.add(2, [])
+    deadline = time.monotonic() + 2
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(ran) == [0, 1, 2]  # all ran before close_input / run was called
+    s.close_input()
+    assert all(o.state == DONE for o in s.run(timeout=1).values())
