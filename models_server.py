@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.debug, None)
     from hugginggpt.modelhost.app import create_app
     from hugginggpt.modelhost.device import resolve_device
+    from hugginggpt.modelhost.engine import LocalEngine
     from hugginggpt.modelhost.pool import ModelPool
     from hugginggpt.modelhost.registry import Registry
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                            replicas=args.replicas, models_per_replica=args.models_per_replica,
                            max_pixels=config.max_image_pixels, timeout=config.task_timeout)
     else:
-        engine = ModelPool(registry, device, budget)
+        pool = ModelPool(registry, device, budget)
+        engine = LocalEngine(pool)
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
           f"from {config.local_models_dir} on {device}", file=sys.stderr, flush=True)
     if len(servable) < len(registry.specs):
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               f"python -m hugginggpt.modelhost.download --config {args.config} --dry-run lists them "
               "(drop --dry-run to fetch)", file=sys.stderr, flush=True)
     if args.preload and args.engine == "flask":
-        engine.preload(servable)
+        pool.preload(servable)
     from hugginggpt.server import serve
 
     host = args.host or config.models_host

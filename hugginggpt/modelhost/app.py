@@ -1,15 +1,13 @@
 """Flask app of the local models server (JARVIS protocol plus `GET /models` and its output files).
 
-The app speaks the protocol; an engine runs the models: `ModelPool` in this process, or `RayEngine`
-(`ray_engine.py`), whose Ray Serve replicas hold the models. Both answer `registry`, `device`,
-`loaded()` and `infer(spec, inputs)`.
+The app speaks the protocol; an engine (`engine.py`) runs the models: `LocalEngine` in this process, or
+`RayEngine` (`ray_engine.py`), whose Ray Serve replicas hold the models.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Protocol
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -18,9 +16,10 @@ from ..access import bearer_ok, send_public_file
 from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
+from .engine import Engine
 from .handlers import Inputs
 from .pool import InferenceFailed, ModelUnavailable
-from .registry import ModelSpec, Registry
+from .registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +28,6 @@ def _error(message: str, status: int) -> Response:
     resp = jsonify({"error": {"message": message}})
     resp.status_code = status
     return resp
-
-
-class Engine(Protocol):
-    registry: Registry
-    device: str
-
-    def loaded(self) -> dict[str, Any]: ...  # model id -> an object with `nbytes`
-
-    def infer(self, spec: ModelSpec, inputs: Inputs) -> Any: ...
 
 
 def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,

@@ -233,13 +233,6 @@ class ModelPool:
         except Exception:  # noqa: BLE001
             pass
 
-    def infer(self, spec: ModelSpec, inputs: Any) -> Any:
-        """Run one request on the model, loading it first if needed (the engine interface of the app)."""
-        from .handlers import handle  # the handlers use Loaded from here
-
-        with self.use(spec) as loaded:
-            return handle(spec.task, loaded, inputs)
-
     def preload(self, specs: list[ModelSpec]) -> None:
         for spec in specs:
             if self.registry.servable(spec):
