@@ -17,7 +17,7 @@ from typing import Any
 from .backends import Backend, TaskInputs
 from .config import Config
 from .errors import BackendError, ResourceError
-from .plan import Plan, Task
+from .plan import Task
 from .request import RequestState, collect_result
 from .resources import Resource, resolve
 from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
@@ -33,12 +33,12 @@ class Executor:
         self.backends = backends
         self.url_policy = url_policy
 
-    def execute(self, state: RequestState, plan: Plan) -> dict[int, Outcome]:
-        """Run a whole plan: one round with every task added at once."""
-        run = self.begin(state)
-        for task in plan.tasks:
-            run.add(task)
-        return run.finish()
+    def execute(self, state: RequestState, tasks: list[Task], round: Round | None = None) -> dict[int, Outcome]:
+        """Run the tasks as one round: a new one, or the round the streamed plan already started."""
+        round = round or self.begin(state)
+        for task in tasks:
+            round.add(task)
+        return round.finish()
 
     def begin(self, state: RequestState) -> Round:
         """A round that takes tasks one by one (the streaming planner adds them as they arrive)."""
@@ -153,11 +153,11 @@ class Round:
             state.round += 1
             state.sealed = False
             self.number = state.round
-        self.scheduler = Scheduler({}, self._body, max_workers=executor.config.max_workers, on_event=self._relay,
-                                   streaming=True)
+        self.scheduler = Scheduler(self._body, max_workers=executor.config.max_workers, on_event=self._relay)
         state.scheduler = self.scheduler
         if state.cancelled.is_set():
             self.scheduler.cancel()
+        self.scheduler.start()  # each task runs the moment it is added with its inputs ready
 
     def add(self, task: Task) -> None:
         self.by_id[task.id] = task
@@ -202,5 +202,5 @@ class Round:
                 if outcome.state not in (DONE, FAILED) or tid not in state.results:
                     state.results[tid] = collect_result(self.by_id[tid], "", {"error": {"message": outcome.error
                                                                                          or outcome.state}})
-        state.outcomes = outcomes  # type: ignore[attr-defined] - kept for timing measurements
+        state.outcomes = outcomes
         return outcomes

@@ -11,6 +11,7 @@ import functools
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -398,3 +399,22 @@ class DeadlineLLM:
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         kwargs.setdefault("deadline", self.deadline)
         return self.client.chat(messages, **kwargs)
+
+
+class ClientCache:
+    """LLM clients by their settings, shared by requests: they are thread-safe and costly to build (TLS)."""
+
+    def __init__(self, proxy: str | None = None, limit: int = 64):
+        self.proxy = proxy
+        self.limit = limit
+        self._clients: dict[LLMSettings, LLMClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, settings: LLMSettings) -> LLMClient:
+        with self._lock:
+            client = self._clients.get(settings)
+            if client is None:
+                if len(self._clients) > self.limit:
+                    self._clients.clear()
+                client = self._clients[settings] = LLMClient(settings, proxy=self.proxy)
+            return client

@@ -67,7 +67,6 @@ class EarlyTasks:
         self.started: dict[int, Task] = {}
         self.seen: set[int] = set()
         self.stopped = False  # after anything surprising, the rest waits for the full plan
-        self.round: Any = None  # the execution round the early tasks joined (the caller's)
 
     def feed(self, piece: str) -> None:
         for raw in self.stream.feed(piece):

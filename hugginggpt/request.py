@@ -14,7 +14,7 @@ from typing import Any
 from .errors import BadRequest, LLMError
 from .llm import DeadlineLLM, LLMClient
 from .plan import Task
-from .scheduler import Scheduler
+from .scheduler import Outcome, Scheduler
 from .select import Selection
 
 log = logging.getLogger(__name__)
@@ -105,11 +105,12 @@ class RequestState:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.llm = DeadlineLLM(llm, self.deadline)
-        self._sink = on_event
+        self.on_event = on_event  # None: nobody listens, so nothing is streamed
         self.results: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
         self.selections: dict[int, Future] = {}
-        self.scheduler: Scheduler | None = None
+        self.scheduler: Scheduler | None = None  # the running round's, for cancel()
+        self.outcomes: dict[int, Outcome] = {}  # the last round's, with start and finish times
         self.cancelled = threading.Event()
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
         self._held: list[tuple[str, dict[str, Any]]] | None = None
@@ -133,7 +134,7 @@ class RequestState:
                 self._deliver(name, event)
 
     def emit(self, name: str, payload: dict[str, Any]) -> None:
-        if self._sink is None:
+        if self.on_event is None:
             return
         event = {"event": name, "request_id": self.request.request_id,
                  "t": round(time.perf_counter() - self.started, 4), **payload}
@@ -145,7 +146,7 @@ class RequestState:
 
     def _deliver(self, name: str, event: dict[str, Any]) -> None:
         try:
-            self._sink(name, event)
+            self.on_event(name, event)
         except Exception:  # noqa: BLE001 - a broken listener must not break the request
             log.exception("[%s] event listener failed", self.request.request_id)
 

@@ -14,8 +14,19 @@ from .backends.normalize import FILE_KEYS
 from .errors import DeadlineExceeded
 from .llm import DeadlineLLM
 from .prompts import PromptSet
+from .request import RequestState
 
 Emit = Callable[[str, dict[str, Any]], None]
+
+
+def answer(state: RequestState, prompts: PromptSet, results: dict[int, dict[str, Any]], max_replans: int) -> str:
+    """The request's final answer, with a line for each replan and for what still failed after them."""
+    notes = list(state.replans)
+    if state.replan_attempts and any("error" in r["inference result"] for r in results.values()):
+        notes.append(f"Some tasks still failed after {state.replan_attempts} replan attempt(s) "
+                     f"(max_replans: {max_replans}); their errors are above.")
+    return write_answer(state.llm, prompts, state.request.user_input, results, state.timeout,
+                        state.emit if state.on_event else None, notes)
 
 
 def write_answer(llm: DeadlineLLM, prompts: PromptSet, user_input: str, results: dict[int, dict[str, Any]],

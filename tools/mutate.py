@@ -113,8 +113,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            if False:\n                continue",
              ("tests/test_replan.py",)),
     Mutation("plan-not-read-while-streaming", "hugginggpt/chat.py",
-             '        early = self.early_start(state) if mode in ("answer", "results") and self.config.stream_plan else None',
-             "        early = None",
+             '        streamed = StreamedStart(self, state) if mode in ("answer", "results") and self.config.stream_plan '
+             'else None',
+             "        streamed = None",
              ("tests/test_plan_streaming.py",)),
     # -- this project's deployment checks ---------------------------------------------------------------
     Mutation("allowlist-prefix-compare", "hugginggpt/urlpolicy.py",
@@ -215,7 +216,26 @@ MUTATIONS: tuple[Mutation, ...] = (
              "for s in [tid, *skipped]]\n            if self._open == 0:",
              "for s in [tid]]\n            if self._open == 0:",
              ("tests/test_scheduler.py",)),
+    # -- one room per stage (issue 22) -------------------------------------------------------------------
+    Mutation("planner-keeps-streamed-tasks-on-error", "hugginggpt/planner.py",
+             "            if plan is None:  # an error or a conversational answer",
+             "            if False:  # an error or a conversational answer",
+             ("tests/test_planner.py",)),
+    Mutation("scheduler-starts-before-start", "hugginggpt/scheduler.py",
+             "                start = not waiting and self._started",
+             "                start = not waiting",
+             ("tests/test_scheduler.py",)),
+    Mutation("cancel-before-run-forgets-streamed-tasks", "hugginggpt/scheduler.py",
+             "                if self._closed_as is not None:",
+             "                if False:",
+             ("tests/test_scheduler.py",)),
+    Mutation("pool-imports-handlers-back", "hugginggpt/modelhost/pool.py",
+             "    def preload(self, specs",
+             "    def infer(self, spec, inputs):\n        from .handlers import handle\n\n"
+             "        return handle(spec.task, spec, inputs)\n\n    def preload(self, specs",
+             ("tests/test_architecture.py",)),
 )
+
 
 
 def run(m: Mutation, timeout: float) -> tuple[str, float]:

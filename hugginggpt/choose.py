@@ -1,0 +1,71 @@
+"""Stage 2 for one request: every task's model chosen at once, in parallel, off the critical path.
+
+`select.py` chooses for one task; this module starts that for each task of a plan (as soon as the task is
+known, while the plan still streams or while dependencies run), announces each choice, and writes the
+decisions-only answer (`return_decisions: true`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .plan import Plan, Task
+from .request import RequestState, collect_result
+from .select import Selection, Selector
+
+
+def start_selection(state: RequestState, selector: Selector, tasks: list[Task], logit_bias: float = 0.0) -> None:
+    """Start choosing each task's model now; `state.selection_of(task)` waits for the answer."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(tasks))), thread_name_prefix="select")
+    for task in tasks:
+        if task.error or task.id in state.selections:  # already chosen while the plan streamed
+            continue
+        fut = pool.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias)
+        fut.add_done_callback(lambda f, t=task: _announce(state, t, f))
+        state.selections[task.id] = fut
+    pool.shutdown(wait=False)
+
+
+def _announce(state: RequestState, task: Task, fut: Future) -> None:
+    if fut.exception() is not None:
+        return
+    sel: Selection = fut.result()
+    state.emit("model_selected", {"id": task.id, "task": task.task, "model": sel.model_id,
+                                  "hosted_on": sel.hosted_on, "reason": sel.reason, "error": sel.error,
+                                  "candidates": sel.available, "seconds": round(sel.seconds, 4)})
+
+
+def decisions(state: RequestState, plan: Plan) -> dict[str, Any]:
+    """The decisions-only answer: the plan and each task's chosen model, nothing executed."""
+    selections: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    unavailable = 0
+    for task in plan.tasks:
+        if task.error:
+            sel = Selection(task.id, task.task, None, None, "", error=task.error)
+        else:
+            sel = state.selection_of(task, timeout=max(0.1, state.deadline - time.monotonic()))
+        if sel.model_id is None:
+            unavailable += 1
+        selections[str(task.id)] = {
+            "task": task.task,
+            "selected_model": sel.model_id,
+            "hosted_on": sel.hosted_on,
+            "reason": sel.reason if sel.model_id else sel.error,
+            "status": "selected_not_executed" if sel.model_id else "unavailable",
+            "available_candidates": sel.available,
+        }
+        raw[str(task.id)] = collect_result(task, sel.choose(), {} if sel.model_id else {"error": {"message": sel.error}})
+    return {
+        "decisions": {
+            "input": state.request.user_input,
+            "planned_tasks": plan.to_list(),
+            "model_selections": selections,
+            "summary": {"total_tasks": len(plan.tasks), "tasks_with_selections": len(plan.tasks) - unavailable,
+                        "tasks_unavailable": unavailable},
+        },
+        "raw_results": raw,
+    }

@@ -1,0 +1,135 @@
+"""Stage 1: the task plan for one request, or the conversational reply when there is nothing to run.
+
+One entry point, `Planner.plan`. Inside it: the planner call (read while it streams when a `TaskSink` is
+given, so each final task can start before the plan is complete), the reconciliation of what started with
+the full plan (which stays the authority), one replan of a plan that cannot run as written, and the
+conversational fallbacks (no task list, an empty one, a lone text task the LLM answers itself).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .config import Config
+from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan, plan_json_schema
+from .planstream import EarlyTasks
+from .prompts import PromptSet
+from .replan import Replanner, invalid_tasks
+from .request import RequestState
+from .select import control_task_fixup
+
+log = logging.getLogger(__name__)
+
+
+class TaskSink(Protocol):
+    """Where the streamed plan's final tasks go before the whole plan is read (selection and execution)."""
+
+    def start(self, task: Task) -> None: ...
+
+    def stop(self) -> None:
+        """Undo what was started: the full plan took another turn. Called at most once per sink use."""
+
+
+@dataclass
+class Planned:
+    """What planning produced: a plan to run, or a reply to send as the answer."""
+
+    plan: Plan | None = None
+    reply: str | None = None
+    streamed: frozenset[int] = frozenset()  # ids of the plan's tasks that already started while it streamed
+
+
+class Planner:
+    def __init__(self, config: Config, prompts: PromptSet, replanner: Replanner):
+        self.config = config
+        self.prompts = prompts
+        self.replanner = replanner
+
+    def chat_kwargs(self) -> dict[str, Any]:
+        """How the planner is called (the first plan and every replan)."""
+        structured = self.config.structured_output
+        return {"logit_bias_weight": self.config.logit_bias.get("parse_task", 0.0),
+                "json_schema": plan_json_schema() if structured != "off" else None, "structured": structured,
+                "max_tokens": self.config.planner_max_tokens}
+
+    def plan(self, state: RequestState, sink: TaskSink | None = None) -> Planned:
+        """The plan, announced with a `plan` event; with a sink, final tasks are started as they stream."""
+        early = EarlyTasks(sink.start) if sink is not None else None
+        if early is not None:
+            state.hold_events()  # task events wait until the whole plan is announced, as without streaming
+        plan: Plan | None = None
+        try:
+            plan = self._read(state, early, sink)
+        finally:
+            if plan is None:  # an error or a conversational answer: nothing the stream started may run
+                self._drop(state, sink, early)
+        if plan is None:
+            return Planned(reply=self.chitchat(state))
+        state.emit("plan", {"tasks": plan.to_list(), "notes": plan.notes})
+        state.release_events()
+        return Planned(plan=plan, streamed=frozenset(early.started) if early is not None else frozenset())
+
+    def chitchat(self, state: RequestState) -> str:
+        on_token = (lambda piece: state.emit("answer_token", {"text": piece})) if state.on_event else None
+        return state.llm.chat(state.request.messages, temperature=0.7, on_token=on_token)
+
+    # -- inside -----------------------------------------------------------------------------------
+
+    def _read(self, state: RequestState, early: EarlyTasks | None, sink: TaskSink | None) -> Plan | None:
+        """The plan to run, or None to answer conversationally. Streamed tasks that disagree are dropped."""
+        req = state.request
+        messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
+                                           state.llm.settings.max_context_tokens)
+        reply = state.llm.chat(messages, on_token=early.feed if early else None, **self.chat_kwargs())
+        log.debug("[%s] planner said: %s", req.request_id, reply)
+        try:
+            plan = parse_plan(reply)
+        except PlanParseError as exc:
+            log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
+            return None
+        problems = invalid_tasks(plan)
+        if early is not None and early.started:
+            differs = [t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
+            if problems or differs or not plan.tasks:  # the full plan disagrees: start over from it
+                log.info("[%s] the full plan differs from the streamed tasks %s; starting over", req.request_id,
+                         differs)
+                self._drop(state, sink, early)
+        state.planner_messages, state.plan_reply = messages, reply
+        if problems and plan.tasks and self.replanner.allowed(state):
+            state.replan_attempts += 1
+            reason = "the plan cannot run as written: " + "; ".join(problems)
+            better = self.replanner.ask(state, messages, reply, reason.capitalize() + ".", frozenset(), 0,
+                                        self.chat_kwargs())
+            if better is not None and not invalid_tasks(better):
+                self.replanner.record(state, reason, better)
+                plan = better
+        for note in plan.notes:
+            log.info("[%s] plan: %s", req.request_id, note)
+        if not plan.tasks:
+            return None
+        if len(plan.tasks) == 1 and plan.tasks[0].task in TEXT_TASKS_FOR_LLM and not plan.tasks[0].error:
+            return None
+        started = early.started if early is not None else {}
+        for i, task in enumerate(plan.tasks):
+            control_task_fixup(task)
+            if task.id in started:
+                plan.tasks[i] = started[task.id]  # the very object that runs
+        return plan
+
+    @staticmethod
+    def _drop(state: RequestState, sink: TaskSink | None, early: EarlyTasks | None) -> None:
+        """Stop what the stream started and forget its events (safe to call twice)."""
+        if sink is not None and early is not None and early.started:
+            sink.stop()
+            early.started.clear()
+        state.release_events(drop=True)
+
+
+def control_fixed(task: Task) -> Task:
+    """A copy of the task as it will run (ControlNet fix-ups applied), for comparing with a streamed one."""
+    fixed = copy.deepcopy(task)
+    control_task_fixup(fixed)
+    return fixed
