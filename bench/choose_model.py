@@ -29,7 +29,7 @@ CHOICE_TOKENS = 200  # a choice is a short JSON object; a base model left alone 
 def rank_cases(ranker, catalog) -> list[dict]:
     rows = []
     for task, text, expected in CASES:
-        ranked = catalog.ranked(RankQuery(task=task, text=f"{task} {text}"), ranker, CANDIDATES)
+        ranked = catalog.ranked(RankQuery(task=task, text=text), ranker, CANDIDATES)  # as select.py asks
         rows.append({"task": task, "text": text, "expected": expected, "ids": [c.id for c, _ in ranked],
                      "lead": ranked[0][1] - ranked[1][1] if len(ranked) > 1 else 1.0})
     return rows

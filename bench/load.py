@@ -5,7 +5,8 @@ and its margin, 64 concurrent requests, plan streaming), changed only where this
 LLM (0.2 s per call) instead of OpenAI, a fake local models server (0.2 s per model call) instead of real
 models, `inference_mode: local` and `device: cpu`. Every request is a 3-task plan (text-to-image ->
 image-to-text, plus token-classification; image-to-text has two candidates, so `auto` may ask the LLM) and
-every request's text differs, so no cache of query vectors makes the numbers look better than they are.
+every request's text differs, so no cache of query vectors makes the numbers look better than they are. As a
+planner does, the tasks' text arguments are copied from the request.
 
 Reported in one run:
 - ranking cost per task, measured in this process on the same kind of queries (cache misses);
@@ -53,9 +54,9 @@ NAMES = ("Anna lives in Berlin", "Marco works for Fiat in Turin", "Lena met Tom 
 def plan_for(n: int) -> str:
     subject, names = SUBJECTS[n % len(SUBJECTS)], NAMES[n % len(NAMES)]
     return json.dumps([
-        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": f"{subject}, picture {n}"}},
+        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": subject}},
         {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
-        {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": f"{names} ({n})"}},
+        {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": names}},
     ])
 
 

@@ -163,12 +163,15 @@ class Selector:
         ]
 
     def query(self, user_input: str, task: Task) -> RankQuery:
-        """What the ranker reads for `task`: its type, its text arguments and the user's request.
-
-        Resources (image/audio paths, URLs, data URIs, `<GENERATED>-N`) say nothing about which model fits and
-        would only fill the ranker's bounded query, so they are left out."""
-        args = [str(v) for k, v in task.args.items() if k not in RESOURCE_ARGS and not is_reference(str(v))]
-        return RankQuery(task=task.task, text=" ".join([task.task, *args, user_input]),
+        """What the ranker reads for `task`: the user's request, after the task's text arguments it does not
+        already contain. The candidates are the task type's own, so the type itself adds nothing, and the
+        tasks of a request whose arguments come from the request (the usual case) share one query: one
+        embedding per request. Resources (image/audio paths, URLs, data URIs, `<GENERATED>-N`) say nothing
+        about which model fits and would only fill the ranker's bounded query, so they are left out."""
+        lowered = user_input.lower()
+        args = [str(v) for k, v in task.args.items()
+                if k not in RESOURCE_ARGS and not is_reference(str(v)) and str(v).lower() not in lowered]
+        return RankQuery(task=task.task, text=" ".join([*args, user_input]),
                          language=self.language, max_size_mb=self.max_size_mb)
 
     def needs_ranking(self, task: Task) -> bool:

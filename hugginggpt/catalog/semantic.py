@@ -44,8 +44,9 @@ def default_model_path() -> Path | None:
 
 
 def query_text(query: RankQuery, max_chars: int = MAX_TOKENS * 16) -> str:
-    """What is embedded for a query: its task type, then its text, cut to a bounded length."""
-    return f"{query.task}. {query.text}"[:max_chars]
+    """What is embedded for a query: its text, cut to a bounded length (the encoder then cuts it to
+    MAX_TOKENS word pieces). The task type is left out: the candidates are all of that type already."""
+    return query.text[:max_chars]
 
 
 class LRU:
