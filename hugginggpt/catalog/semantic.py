@@ -87,6 +87,8 @@ class SemanticRanker:
         self._lock = threading.Lock()
         self._card_vectors: dict[str, np.ndarray] = {}
         self.queries = LRU(query_cache_size)
+        self._inflight: dict[str, threading.Event] = {}
+        self._inflight_lock = threading.Lock()
         self._stacks = LRU(STACK_CACHE_SIZE)
 
     @classmethod
@@ -144,14 +146,37 @@ class SemanticRanker:
             np.savez(cache, keys=np.array(keys), vectors=np.stack([self._card_vectors[k] for k in keys]))
 
     def query_vectors(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
-        """The queries' vectors: from the cache, the missing ones embedded together in one call."""
+        """The queries' vectors: from the cache, the missing ones embedded together in one call. A text that
+        another thread is embedding right now is waited for, not embedded twice (a request's tasks are
+        selected in parallel and often share their query)."""
         texts = [query_text(q) for q in queries]
         found = {t: self.queries.get(t) for t in dict.fromkeys(texts)}
-        missing = [t for t, v in found.items() if v is None]
-        if missing:
-            for text, vector in zip(missing, self.embed(missing), strict=True):
-                self.queries.put(text, vector)
-                found[text] = vector
+        mine: list[str] = []
+        theirs: list[tuple[str, threading.Event]] = []
+        with self._inflight_lock:
+            for text, vector in found.items():
+                if vector is not None:
+                    continue
+                event = self._inflight.get(text)
+                if event is None:
+                    self._inflight[text] = threading.Event()
+                    mine.append(text)
+                else:
+                    theirs.append((text, event))
+        if mine:
+            try:
+                for text, vector in zip(mine, self.embed(mine), strict=True):
+                    self.queries.put(text, vector)
+                    found[text] = vector
+            finally:
+                with self._inflight_lock:
+                    for text in mine:
+                        self._inflight.pop(text).set()
+        for text, event in theirs:
+            event.wait()
+            found[text] = self.queries.get(text)
+            if found[text] is None:  # their call failed (or the vector was evicted already): embed it here
+                found[text] = self.embed([text])[0]
         return [found[t] for t in texts]
 
     def prepare(self, queries: Sequence[RankQuery]) -> None:
