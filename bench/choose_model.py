@@ -29,7 +29,7 @@ CHOICE_TOKENS = 200  # a choice is a short JSON object; a base model left alone 
 def rank_cases(ranker, catalog) -> list[dict]:
     rows = []
     for task, text, expected in CASES:
-        ranked = catalog.ranked(RankQuery(task=task, text=f"{task} {text}"), ranker, CANDIDATES)
+        ranked = catalog.ranked(RankQuery(task=task, text=text), ranker, CANDIDATES)  # as select.py asks
         rows.append({"task": task, "text": text, "expected": expected, "ids": [c.id for c, _ in ranked],
                      "lead": ranked[0][1] - ranked[1][1] if len(ranked) > 1 else 1.0})
     return rows
@@ -79,7 +79,9 @@ def main(config_path: str | None) -> None:
     top_right = sum(r["ids"][0] in r["expected"] for r in held)
     print(f"| ranking | 0/{len(held)} | {top_right}/{len(held)} |")
     shipped = Config.__dataclass_fields__["choose_model_margin"].default
-    for label, m in ((f"auto (tuned margin {margin:.3f})", margin), (f"auto (shipped margin {shipped})", shipped)):
+    settings = [(f"auto (tuned margin {margin:.3f})", margin), (f"auto (shipped margin {shipped})", shipped)]
+    settings += [(f"auto (margin {m})", m) for m in (0.02, 0.05) if m != shipped]
+    for label, m in settings:
         decided = [r for r in held if r["lead"] >= m]
         deferred = [r for r in held if r["lead"] < m]
         right = sum(r["ids"][0] in r["expected"] for r in decided)
@@ -96,7 +98,14 @@ def main(config_path: str | None) -> None:
         print(f"(llm: {invalid} replies named no candidate, {first} picked the first-listed, top-ranked one)")
     else:
         print(f"| llm | {len(held)}/{len(held)} | not measured: pass --config with an LLM that can choose |")
-    print(f"(all {len(rows)} cases: ranking top-1 {sum(r['ids'][0] in r['expected'] for r in rows)}/{len(rows)})")
+    print(f"(all {len(rows)} cases: ranking top-1 {sum(r['ids'][0] in r['expected'] for r in rows)}/{len(rows)}; "
+          f"at the shipped margin {shipped} `auto` asks the LLM in {sum(r['lead'] < shipped for r in rows)}, "
+          f"and the top-ranked model is wrong in {sum(r['ids'][0] not in r['expected'] for r in rows if r['lead'] < shipped)}"
+          f" of those; it is wrong in {sum(r['ids'][0] not in r['expected'] for r in rows if r['lead'] >= shipped)} "
+          "of the cases it decides alone)")
+    print("leads of the wrong top-ranked picks:", ", ".join(f"{r['lead']:.4f}" for r in rows if r["ids"][0] not in r["expected"]),
+          "| smallest leads of right ones:", ", ".join(f"{x:.4f}" for x in sorted(r["lead"] for r in rows
+                                                                              if r["ids"][0] in r["expected"])[:3]))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,31 @@
-"""Many users at once: latency of 1, 10 and 50 concurrent requests, before and after admission control.
+"""Many users at once, at the shipped defaults: CPU per request, latency under load, memory and threads.
 
-A scripted LLM (0.2 s per call) and a fake models server (0.2 s per model call) serve 3-task plans
-(text-to-image -> image-to-text, plus token-classification). The orchestrator runs twice in this one run:
-"before" as main was (16 waitress threads, no admission limit: requests queue), "after" with the
-defaults (threads follow max_concurrent_requests=64). Reports p50/p99 as ratios to one request alone,
-and the orchestrator's RSS and thread count after all requests.
+The orchestrator runs with configs/config.default.yaml as shipped (semantic ranking on, `choose_model: auto`
+and its margin, 64 concurrent requests, plan streaming), changed only where this machine needs it: a scripted
+LLM (0.2 s per call) instead of OpenAI, a fake local models server (0.2 s per model call) instead of real
+models, `inference_mode: local` and `device: cpu`. Every request is a 3-task plan (text-to-image ->
+image-to-text, plus token-classification; image-to-text has two candidates, so `auto` may ask the LLM) and
+every request's text differs, so no cache of query vectors makes the numbers look better than they are. As a
+planner does, the tasks' text arguments are copied from the request.
 
-    python bench/load.py [--rounds 4]
+Reported in one run:
+- ranking cost per task, measured in this process on the same kind of queries (cache misses);
+- the server's CPU per request: its /proc utime+stime before and after 20 requests in a row, divided by 20;
+- p50/p99 latency at 1, 10 and 50 concurrent clients, as ratios to one request alone;
+- the server's RSS and thread count after all requests.
+
+    python bench/load.py [--keyword] [--rounds 4]
+
+`--keyword` runs the same with `semantic_ranking: false`, for comparison. On a shared machine the absolute
+figures move with the other load; compare the ratios, and runs made side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
 import tempfile
@@ -20,21 +33,37 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
+import yaml  # noqa: E402
 
-from tests.conftest import DEFAULT_MODELS, make_public, start_server, stop_server, write_config  # noqa: E402
+from tests.conftest import DEFAULT_MODELS, free_port, make_public, start_server, stop_server  # noqa: E402
 from tests.fakes.llm_server import ScriptedLLM, ThreadedServer  # noqa: E402
 from tests.fakes.models_server import FakeModels  # noqa: E402
 
-PLAN = json.dumps([
-    {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
-    {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
-    {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
-])
 LATENCY = 0.2
 LEVELS = (1, 10, 50)
+SEQUENTIAL = 20
+CHOICE = json.dumps({"id": "Salesforce/blip-image-captioning-large", "reason": "the LLM's pick"})
+SUBJECTS = ("a fox", "an old lighthouse", "a red bicycle", "two cats on a sofa", "a mountain lake", "a robot chef")
+NAMES = ("Anna lives in Berlin", "Marco works for Fiat in Turin", "Lena met Tom in Paris", "Ravi studies in Delhi")
+
+
+def plan_for(n: int) -> str:
+    subject, names = SUBJECTS[n % len(SUBJECTS)], NAMES[n % len(NAMES)]
+    return json.dumps([
+        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": subject}},
+        {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
+        {"task": "token-classification", "id": 2, "dep": [-1], "args": {"text": names}},
+    ])
+
+
+def request_text(n: int) -> str:
+    subject, names = SUBJECTS[n % len(SUBJECTS)], NAMES[n % len(NAMES)]
+    return (f"Request {n}: draw {subject}, then tell me what the picture shows, and find the people and places "
+            f"in this sentence: {names}.")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,82 +76,160 @@ def proc_status(pid: int) -> tuple[float, int]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
 
 
-def load(url: str, clients: int, rounds: int) -> list[float]:
-    times: list[float] = []
-    lock = threading.Lock()
-    statuses: list[int] = []
-
-    def client() -> None:
-        with requests.Session() as http:
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                resp = http.post(url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}]},
-                                 timeout=300)
-                with lock:
-                    times.append(time.perf_counter() - t0)
-                    statuses.append(resp.status_code)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    bad = [s for s in statuses if s != 200]
-    if bad:
-        raise SystemExit(f"{len(bad)} of {len(statuses)} requests failed: {sorted(set(bad))}")
-    return times
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process (all its threads), from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(label: str, extra: dict, llm_url: str, models_url: str, public: Path, rounds: int) -> dict:
-    folder = Path(tempfile.mkdtemp(prefix=f"load-{label}-"))
-    server = start_server(write_config(folder, llm_url, models_url, public, semantic_ranking=False,
-                                       request_timeout=300, status_cache_seconds=30.0, **extra), folder)
+class Load:
+    """Clients posting distinct 3-task requests; the scripted LLM plans each by the number in its text."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.counter = 0
+        self.lock = threading.Lock()
+
+    def next_number(self) -> int:
+        with self.lock:
+            self.counter += 1
+            return self.counter
+
+    def run(self, clients: int, rounds: int) -> list[float]:
+        times: list[float] = []
+        statuses: list[int] = []
+
+        def client() -> None:
+            with requests.Session() as http:
+                for _ in range(rounds):
+                    n = self.next_number()
+                    t0 = time.perf_counter()
+                    resp = http.post(self.url + "/hugginggpt",
+                                     json={"messages": [{"role": "user", "content": request_text(n)}]}, timeout=600)
+                    with self.lock:
+                        times.append(time.perf_counter() - t0)
+                        statuses.append(resp.status_code)
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        bad = [s for s in statuses if s != 200]
+        if bad:
+            raise SystemExit(f"{len(bad)} of {len(statuses)} requests failed: {sorted(set(bad))}")
+        return times
+
+
+def shipped_config(folder: Path, llm_url: str, models_url: str, public: Path, keyword: bool) -> Path:
+    data = yaml.safe_load((ROOT / "configs" / "config.default.yaml").read_text())
+    data.pop("openai", None)
+    data.update({
+        "local": {"endpoint": llm_url + "/v1"}, "model": "scripted", "root": str(ROOT), "public_dir": str(public),
+        "inference_mode": "local", "device": "cpu", "log_file": str(folder / "debug.log"),
+        "http_listen": {"host": "127.0.0.1", "port": free_port()},
+        "local_inference_endpoint": {"host": "127.0.0.1", "port": int(models_url.rsplit(":", 1)[1])},
+        "cache_dir": str(ROOT / ".cache"),
+    })
+    if keyword:
+        data["semantic_ranking"] = False
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def ranking_cost(keyword: bool, queries: int = 60) -> tuple[float, float, str]:
+    """Per task, in this process: what the server's selector spends ranking (query embedding included)."""
+    from hugginggpt.config import load_config
+    from hugginggpt.plan import Task
+    from hugginggpt.select import Selector
+
+    config = load_config(ROOT / "configs" / "config.default.yaml", env={"OPENAI_API_KEY": "x"}, need_llm=False)
+    from hugginggpt.catalog import Catalog, KeywordRanker
+    from hugginggpt.catalog.semantic import SemanticRanker
+
+    catalog = Catalog.load(config.catalog_path)
+    ranker = KeywordRanker() if keyword else SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
+    if hasattr(ranker, "warm"):
+        ranker.warm(catalog.cards)
+        ranker.load()
+    selector = Selector(catalog=catalog, ranker=ranker, availability=None, prompts=None,  # type: ignore[arg-type]
+                        inference_mode="local", num_candidates=config.num_candidate_models,
+                        max_description_length=config.max_description_length, choose=config.choose_model,
+                        margin=config.choose_model_margin)
+    per_task: list[float] = []
+    for n in range(1000, 1000 + queries):
+        plan = json.loads(plan_for(n))
+        tasks = [Task(task=t["task"], id=t["id"], dep=t["dep"], args=t["args"]) for t in plan]
+        t0 = time.perf_counter()
+        prepare = getattr(selector, "prepare", None)
+        if prepare is not None:
+            prepare(request_text(n), tasks)
+        for task in tasks:
+            selector.rank(request_text(n), task)
+        per_task.append((time.perf_counter() - t0) / len(tasks))
+    return statistics.median(per_task), percentile(per_task, 0.99), type(ranker).__name__
+
+
+def serve(config: Path, folder: Path, rounds: int) -> dict:
+    server = start_server(config, folder)
     try:
-        out = {}
-        total = 0
-        for clients in LEVELS:
-            times = load(server.url, clients, rounds if clients > 1 else rounds * 3)
-            total += len(times)
-            out[clients] = (statistics.median(times), percentile(times, 0.99))
-        while total < 200:  # RSS and threads are read after at least 200 requests
-            total += len(load(server.url, 10, 2))
+        load = Load(server.url)
+        load.run(1, 3)  # warm: first connections, first status checks
+        before = cpu_seconds(server.proc.pid)
+        alone = load.run(1, SEQUENTIAL)
+        out: dict = {"cpu_ms": (cpu_seconds(server.proc.pid) - before) * 1000 / SEQUENTIAL, 1: alone}
+        for clients in LEVELS[1:]:
+            out[clients] = load.run(clients, rounds)
         out["rss_mb"], out["threads"] = proc_status(server.proc.pid)
-        out["requests"] = total
+        out["requests"] = load.counter
         return out
     finally:
         stop_server(server)
 
 
-def main(rounds: int) -> None:
+def main(rounds: int, keyword: bool) -> None:
     folder = Path(tempfile.mkdtemp(prefix="load-"))
     public = make_public(folder / "public")
     llm = ScriptedLLM()
     llm_srv = ThreadedServer(llm.app()).start()
-    for stage in ("parse_task", "choose_model", "response_results"):
-        llm.on(stage, PLAN if stage == "parse_task" else (lambda body: "done"), delay=LATENCY)
+
+    def plan(body: dict) -> str:
+        found = re.findall(r"Request (\d+):", json.dumps(body["messages"][-1]))
+        return plan_for(int(found[-1]) if found else 0)
+
+    llm.on("parse_task", plan, delay=LATENCY)
+    llm.on("choose_model", CHOICE, delay=LATENCY)
+    llm.on("response_results", "done", delay=LATENCY)
     fake = FakeModels(public=public, models=dict(DEFAULT_MODELS))
     fake.delays.update({m: LATENCY for m in DEFAULT_MODELS})
     models_srv = ThreadedServer(fake.app()).start()
     try:
-        before = run("before", {"http_threads": 16, "max_concurrent_requests": 100000}, llm_srv.url, models_srv.url,
-                     public, rounds)
-        after = run("after", {}, llm_srv.url, models_srv.url, public, rounds)
+        rank50, rank99, ranker = ranking_cost(keyword)
+        res = serve(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword), folder, rounds)
     finally:
         llm_srv.stop()
         models_srv.stop()
-    base_b, base_a = before[1][0], after[1][0]
-    print(f"LLM {LATENCY}s per call, model {LATENCY}s per call, 3-task plans; one request alone: "
-          f"before {base_b:.2f}s, after {base_a:.2f}s")
-    print("| concurrent | before p50 | before p99 | after p50 | after p99 |")
-    print("|---|---|---|---|---|")
+    choose_calls = len(llm.stage_requests("choose_model"))
+    base = statistics.median(res[1])
+    label = "keyword ranking (--keyword)" if keyword else "shipped defaults (semantic ranking)"
+    print(f"{label}; LLM {LATENCY}s per call, model {LATENCY}s per call, 3-task plans")
+    print(f"ranking cost per task ({ranker}, in process, cache misses): p50 {rank50 * 1000:.2f} ms, "
+          f"p99 {rank99 * 1000:.2f} ms")
+    print(f"server CPU per request ({SEQUENTIAL} in a row): {res['cpu_ms']:.0f} ms")
+    print(f"one request alone: p50 {base:.2f}s")
+    print("| concurrent | requests | p50 | p99 |")
+    print("|---|---|---|---|")
     for clients in LEVELS:
-        (b50, b99), (a50, a99) = before[clients], after[clients]
-        print(f"| {clients} | {b50:.2f}s ({b50 / base_b:.1f}x) | {b99:.2f}s ({b99 / base_b:.1f}x) | "
-              f"{a50:.2f}s ({a50 / base_a:.1f}x) | {a99:.2f}s ({a99 / base_a:.1f}x) |")
-    for label, res in (("before", before), ("after", after)):
-        print(f"{label}: after {res['requests']} requests the orchestrator holds {res['rss_mb']:.0f} MB RSS "
-              f"and {res['threads']} threads")
+        times = res[clients]
+        p50, p99 = statistics.median(times), percentile(times, 0.99)
+        print(f"| {clients} | {len(times)} | {p50:.2f}s ({p50 / base:.2f}x) | {p99:.2f}s ({p99 / base:.2f}x) |")
+    print(f"after {res['requests']} requests the server holds {res['rss_mb']:.0f} MB RSS and {res['threads']} "
+          f"threads; the LLM was asked to choose a model {choose_calls} times")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=4, help="requests per client at each level (default %(default)s)")
-    main(parser.parse_args().rounds)
+    parser.add_argument("--rounds", type=int, default=4, help="requests per client at 10 and 50 (default %(default)s)")
+    parser.add_argument("--keyword", action="store_true", help="semantic_ranking: false, for comparison")
+    args = parser.parse_args()
+    main(args.rounds, args.keyword)

@@ -135,7 +135,7 @@ class Config:
     stream_plan: bool = True  # read the plan as it streams and start final tasks at once
     max_replans: int = 1  # planner calls allowed to recover from an invalid plan or tasks that failed everywhere
     choose_model: str = "auto"  # llm | ranking | auto (ask the LLM only when the top candidates are close)
-    choose_model_margin: float = 0.05  # "auto": the ranker's score lead that makes the choice clear
+    choose_model_margin: float = 0.01  # "auto": the ranker's score lead that makes the choice clear (bench/choose_model.py)
     structured_output: str = "auto"  # auto | on | off: JSON-schema-constrained plans where the backend allows
     max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
     http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
@@ -368,6 +368,6 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         max_replans=_typed(data, "max_replans", int, 1, path),
         stream_plan=_typed(data, "stream_plan", bool, True, path),
         planner_max_tokens=_positive(data, "planner_max_tokens", 0, path) or None,
-        choose_model_margin=_typed(data, "choose_model_margin", float, 0.05, path),
+        choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
     )

