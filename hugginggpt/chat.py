@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .backends import Backend
@@ -69,6 +70,8 @@ class HuggingGPT:
             choose=config.choose_model, margin=config.choose_model_margin,
         )
         self.executor = Executor(config, self.backends, self.url_policy)
+        self.selection_threads = ThreadPoolExecutor(max_workers=max(16, 4 * config.max_concurrent_requests),
+                                                    thread_name_prefix="select")
 
     def warm(self) -> None:
         """Load the ranking model and embed the catalog now, not on the first request."""
@@ -146,7 +149,8 @@ class HuggingGPT:
         return {"message": message}
 
     def select(self, state: RequestState, tasks: list[Task]) -> None:
-        start_selection(state, self.selector, tasks, self.config.logit_bias.get("choose_model", 0.0))
+        start_selection(state, self.selector, tasks, self.selection_threads,
+                        self.config.logit_bias.get("choose_model", 0.0))
 
     def recover(self, state: RequestState, plan: Plan) -> None:
         """Replan the remaining work when tasks failed on every model (at most max_replans times)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from .plan import Plan, Task
@@ -17,16 +17,17 @@ from .request import RequestState, collect_result
 from .select import Selection, Selector
 
 
-def start_selection(state: RequestState, selector: Selector, tasks: list[Task], logit_bias: float = 0.0) -> None:
-    """Start choosing each task's model now; `state.selection_of(task)` waits for the answer."""
-    pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(tasks))), thread_name_prefix="select")
+def start_selection(state: RequestState, selector: Selector, tasks: list[Task], threads: Executor,
+                    logit_bias: float = 0.0) -> None:
+    """Start choosing each task's model now, on `threads` (shared by requests: no thread started per request);
+    `state.selection_of(task)` waits for the answer."""
+    selector.prepare(state.request.user_input, [t for t in tasks if not t.error and t.id not in state.selections])
     for task in tasks:
         if task.error or task.id in state.selections:  # already chosen while the plan streamed
             continue
-        fut = pool.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias)
+        fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias)
         fut.add_done_callback(lambda f, t=task: _announce(state, t, f))
         state.selections[task.id] = fut
-    pool.shutdown(wait=False)
 
 
 def _announce(state: RequestState, task: Task, fut: Future) -> None:

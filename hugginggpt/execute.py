@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .backends import Backend, TaskInputs
@@ -32,6 +33,10 @@ class Executor:
         self.config = config
         self.backends = backends
         self.url_policy = url_policy
+        # Task threads are shared by all requests (each round still runs at most max_workers at once): starting
+        # threads for every request cost more CPU than the rest of the orchestration (bench/load.py).
+        self.threads = ThreadPoolExecutor(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
+                                          thread_name_prefix="task")
 
     def execute(self, state: RequestState, tasks: list[Task], round: Round | None = None) -> dict[int, Outcome]:
         """Run the tasks as one round: a new one, or the round the streamed plan already started."""
@@ -153,7 +158,8 @@ class Round:
             state.round += 1
             state.sealed = False
             self.number = state.round
-        self.scheduler = Scheduler(self._body, max_workers=executor.config.max_workers, on_event=self._relay)
+        self.scheduler = Scheduler(self._body, max_workers=executor.config.max_workers, on_event=self._relay,
+                                   executor=executor.threads)
         state.scheduler = self.scheduler
         if state.cancelled.is_set():
             self.scheduler.cancel()

@@ -223,45 +223,46 @@ class LLMClient:
             raise
 
     def _chat_once(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
-        model = self.settings.model
+        body = {**extra, "model": self.settings.model, "messages": messages}
+        return self._request("/chat/completions", body, on_token, timeout, deadline,
+                             lambda choice: (choice.get("message") or {}).get("content"),
+                             lambda choice: (choice.get("delta") or {}).get("content"))
+
+    def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None) -> str:
+        body = {"max_tokens": 2048, **extra, "model": self.settings.model, "prompt": prompt}
+        return self._request("/completions", body, on_token, timeout, deadline,
+                             lambda choice: choice.get("text"), lambda choice: choice.get("text"))
+
+    def _request(self, path: str, body: dict[str, Any], on_token, timeout: float, deadline: float | None,
+                 text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any]) -> str:
+        """One call through the SDK's client (its auth, Azure routing, errors, SSE), with plain JSON in and out:
+        its typed `create` spends more CPU checking our messages and building a model per streamed chunk than
+        the rest of a request does (bench/load.py)."""
+        options = {"timeout": timeout}
         if on_token is None:
-            resp = self._client.chat.completions.create(model=model, messages=messages, timeout=timeout, **extra)
-            choices = getattr(resp, "choices", None)
+            resp = self._client.post(path, body=body, cast_to=object, options=options)
+            choices = resp.get("choices") if isinstance(resp, dict) else None
             if not isinstance(choices, list):
                 raise _NotOpenAI()
             if not choices:
                 raise LLMError(f"{self.describe} returned no choices")
-            return choices[0].message.content or ""
-        stream = self._client.chat.completions.create(model=model, messages=messages, stream=True, timeout=timeout,
-                                                      **extra)
-        return self._collect(stream, lambda c: c.choices[0].delta.content if c.choices and c.choices[0].delta else None,
-                             on_token, deadline)
-
-    def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None) -> str:
-        common = {"max_tokens": 2048, **extra, "model": self.settings.model, "prompt": prompt, "timeout": timeout}
-        if on_token is None:
-            resp = self._client.completions.create(**common)
-            choices = getattr(resp, "choices", None)
-            if not isinstance(choices, list):
-                raise _NotOpenAI()
-            return choices[0].text if choices else ""
-        stream = self._client.completions.create(stream=True, **common)
-        return self._collect(stream, lambda c: c.choices[0].text if c.choices else None, on_token, deadline)
-
-    def _collect(self, stream, piece_of, on_token, deadline: float | None) -> str:
+            first = choices[0] if isinstance(choices[0], dict) else {}
+            return str(text_of(first) or "")
+        stream = self._client.post(path, body={**body, "stream": True}, cast_to=object, options=options,
+                                   stream=True, stream_cls=openai.Stream[object])
         chunks = []
         try:
             for chunk in stream:
                 if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline passed")
-                piece = piece_of(chunk) if hasattr(chunk, "choices") else None
+                choices = chunk.get("choices") if isinstance(chunk, dict) else None
+                piece = piece_of(choices[0]) if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+                    else None
                 if piece:
                     chunks.append(piece)
                     on_token(piece)
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            stream.close()
         return "".join(chunks)
 
     def _call(self, attempt: Callable[[float], str], deadline: float | None) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,10 @@ class Scheduler:
     same machine fed a whole graph at once.
     """
 
-    def __init__(self, body: Callable[[int], Any], *, max_workers: int = 8, on_event: EventSink | None = None):
+    def __init__(self, body: Callable[[int], Any], *, max_workers: int = 8, on_event: EventSink | None = None,
+                 executor: Executor | None = None):
+        """max_workers: how many of its tasks run at once. executor: threads shared with other schedulers (no
+        thread is started per request); without one the scheduler has a pool of its own."""
         self._body = body
         self._emit = on_event or (lambda name, payload: None)
         self._lock = threading.Lock()
@@ -68,7 +71,12 @@ class Scheduler:
         self._dependents: dict[int, list[int]] = defaultdict(list)
         self._open = 0
         self._input_open = True
-        self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers), thread_name_prefix="task")
+        self._limit = max(1, max_workers)
+        self._running = 0  # tasks handed to the executor and not finished
+        self._backlog: deque[int] = deque()  # started while `_limit` tasks were running: they go next
+        self._futures: list[Future] = []
+        self._own_pool = executor is None
+        self._pool = executor or ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix="task")
 
     @classmethod
     def of_graph(cls, graph: dict[int, list[int]], body: Callable[[int], Any], *,
@@ -102,7 +110,11 @@ class Scheduler:
                 self._close(TIMEOUT, "deadline passed before the task finished")
             self._closed = True
             result = {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._own_pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            for future in self._futures:  # what still waits in the shared executor never runs
+                future.cancel()
         return result
 
     def add(self, tid: int, deps: list[int], failed: str | None = None) -> None:
@@ -185,21 +197,38 @@ class Scheduler:
                 return
             self._outcomes[tid].state = RUNNING
             self._outcomes[tid].started_at = time.perf_counter()
+            if self._running >= self._limit:
+                self._backlog.append(tid)
+                return
+            self._running += 1
+        self._submit(tid)
+
+    def _submit(self, tid: int) -> None:
         try:
-            self._pool.submit(self._work, tid)
+            future = self._pool.submit(self._work, tid)
         except RuntimeError:  # pool shut down by a deadline that passed meanwhile
-            pass
+            return
+        with self._lock:
+            self._futures.append(future)
 
     def _work(self, tid: int) -> None:
-        self._emit("task_started", {"id": tid})
         try:
-            result = self._body(tid)
-            state, error = DONE, None
-        except TaskFailed as exc:
-            result, state, error = exc.payload, FAILED, str(exc)
-        except Exception as exc:  # noqa: BLE001 - a task's crash must not take the request down
-            log.exception("task %s crashed", tid)
-            result, state, error = None, FAILED, f"{exc.__class__.__name__}: {exc}"
+            self._emit("task_started", {"id": tid})
+            try:
+                result = self._body(tid)
+                state, error = DONE, None
+            except TaskFailed as exc:
+                result, state, error = exc.payload, FAILED, str(exc)
+            except Exception as exc:  # noqa: BLE001 - a task's crash must not take the request down
+                log.exception("task %s crashed", tid)
+                result, state, error = None, FAILED, f"{exc.__class__.__name__}: {exc}"
+        finally:
+            with self._lock:  # the slot goes to the next task that was waiting for one
+                following = self._backlog.popleft() if self._backlog and not self._closed else None
+                if following is None:
+                    self._running -= 1
+        if following is not None:
+            self._submit(following)
         with self._lock:
             if self._closed:
                 return

@@ -81,11 +81,18 @@ def test_failed_model_falls_back_to_the_next_candidate(server, llm, models):
     assert tried[0]["model"] == "Salesforce/blip-image-captioning-large" and "crashed" in tried[0]["error"]
 
 
-def test_llm_chooses_among_several_candidates_tolerantly(server, llm, models):
+def test_llm_chooses_among_several_candidates_tolerantly(tmp_path, llm, models, models_server, public_dir):
+    """`choose_model: llm` (JARVIS's way): the LLM picks among the available candidates, its reply read tolerantly."""
     llm.on("choose_model", 'I pick this one:\n```json\n{"id": "nlpconnect/vit-gpt2-image-captioning", '
                            '"reason": "smaller and fast"}\n```')
     llm.on("parse_task", plan(("image-to-text", [-1], {"image": "/examples/red.png"})))
-    result = server.post("/results", ask("caption")).json()["0"]
+    config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, choose_model="llm",
+                          semantic_ranking=False)
+    srv = start_server(config, tmp_path)
+    try:
+        result = srv.post("/results", ask("caption")).json()["0"]
+    finally:
+        stop_server(srv)
     assert result["choose model result"] == {"id": "nlpconnect/vit-gpt2-image-captioning",
                                              "reason": "smaller and fast"}
     prompt = json.dumps(llm.stage_requests("choose_model")[0]["body"]["messages"])
