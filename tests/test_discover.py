@@ -193,8 +193,13 @@ def test_size_cap(hub, tmp_path):
     assert discovery(hub, tmp_path, max_size_mb=1).status(NER)["loadable"] is True
 
 
-def test_concurrent_first_requests_download_once(hub, tmp_path):
+def test_concurrent_first_requests_download_once(hub, tmp_path, monkeypatch, caplog):
     import huggingface_hub
+
+    from hugginggpt.modelhost import discover
+
+    monkeypatch.setattr(discover._LoggedProgress, "every", 0.0)  # log every progress step of the weights
+    caplog.set_level("INFO", logger="hugginggpt.modelhost.discover")
 
     calls = []
 
@@ -232,3 +237,7 @@ def test_concurrent_first_requests_download_once(hub, tmp_path):
     before = len(hub.repos.requests)
     assert d.ensure(rid) == spec and len(hub.repos.requests) == before  # on disk: the Hub is not asked again
     assert [s.id for s in d.listed()] == [rid]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"{rid}: not curated; downloading 5 files (0.1 MB of weights)") for m in logged)
+    assert any(m.startswith(f"{rid}: 0.1 of 0.1 MB downloaded") for m in logged)
+    assert sum(m.startswith(f"{rid}: downloaded in") for m in logged) == 1

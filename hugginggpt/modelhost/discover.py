@@ -237,7 +237,9 @@ class _LoggedProgress:
             def update(self, n: float | None = 1) -> bool | None:
                 out = super().update(n)
                 now = time.monotonic()
-                if self.unit == "B" and self.total and (now - self._logged >= cls.every or self.n >= self.total):
+                # bytes received, every few seconds (the start and the end are logged by Discovery itself)
+                if (self.unit == "B" and self.total and now - self._logged >= cls.every
+                        and not str(self.desc).startswith("Reconstruct")):
                     self._logged = now
                     log.info("%s: %.1f of %.1f MB downloaded", model_id, self.n / 1e6, self.total / 1e6)
                 return out
