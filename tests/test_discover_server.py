@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from hugginggpt.backends import TaskInputs
 from hugginggpt.backends.local import LocalModelsServer
 from hugginggpt.modelhost.app import create_app
 from hugginggpt.modelhost.discover import Discovery, DiscoveryPolicy
@@ -84,6 +85,9 @@ def test_a_model_nobody_listed_downloads_on_first_use_and_runs(served):
     asked = len(hub.repos.requests)
     again = requests.post(f"{url}/models/{NER}", json={"text": "the red fox"}, timeout=60)
     assert again.status_code == 200, again.text
+    # the orchestrator's client of this server, as a task routed to the discovered model calls it
+    via_backend = LocalModelsServer(url, folder / "public").infer(NER, TaskInputs("token-classification", "anna"))
+    assert "error" not in via_backend and via_backend.get("predicted") is not None, via_backend
     assert len(hub.repos.requests) == asked  # on disk and loaded: the Hub is not asked again
     assert requests.get(f"{url}/status/{NER}", timeout=10).json()["loaded"] is True
     rows = {r["id"]: r for r in requests.get(f"{url}/models", timeout=10).json()["models"]}

@@ -498,7 +498,8 @@ class Discovery:
             tmp = folder / (MARKER + ".tmp")
             tmp.write_text(json.dumps(marker, indent=1), encoding="utf-8")
             os.replace(tmp, folder / MARKER)
-            self.downloads += 1
+            with self._guard:
+                self.downloads += 1
             log.info("%s: downloaded in %.1fs", spec.id, time.monotonic() - started)
         except DiscoveryRefused:
             raise
