@@ -241,3 +241,27 @@ def test_concurrent_first_requests_download_once(hub, tmp_path, monkeypatch, cap
     assert any(m.startswith(f"{rid}: not curated; downloading 5 files (0.1 MB of weights)") for m in logged)
     assert any(m.startswith(f"{rid}: 0.1 of 0.1 MB downloaded") for m in logged)
     assert sum(m.startswith(f"{rid}: downloaded in") for m in logged) == 1
+
+
+def test_diffusers_text_to_image_is_judged_by_its_components(hub, tmp_path):
+    from hugginggpt.modelhost.discover import diffusers_components_problem
+
+    index = {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+             "text_encoder": ["transformers", "CLIPTextModel"], "feature_extractor": [None, None],
+             "safety_checker": ["stable_diffusion", "StableDiffusionSafetyChecker"]}
+    files = {"model_index.json": json.dumps(index).encode(), "unet/config.json": b"{}",
+             "unet/diffusion_pytorch_model.safetensors": b"w" * 100, "sd-v1-5-pruned.safetensors": b"w" * 1000}
+    hub.repos.add("tiny-org/tiny-sd", files, pipeline_tag="text-to-image", library_name="diffusers", config={})
+    found = discovery(hub, tmp_path).hub_model("tiny-org/tiny-sd")
+    assert (found.spec.task, found.spec.loader) == ("text-to-image", "diffusers")
+    assert found.spec.files == ("model_index.json", "unet/config.json", "unet/diffusion_pytorch_model.safetensors")
+    assert found.weight_bytes == 100  # the single-file checkpoint beside the folders is not fetched
+
+    def problem(value: dict) -> str | None:
+        (tmp_path / "model_index.json").write_text(json.dumps(value))
+        return diffusers_components_problem(tmp_path)
+
+    assert problem(index) is None
+    assert "not a Diffusers class" in problem({**index, "_class_name": "MyCustomPipeline"})
+    assert "custom code" in problem({**index, "unet": ["my_unet_module", "MyUNet"]})
+    assert "custom code" in problem({**index, "unet": ["os", "system"]})
