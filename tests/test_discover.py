@@ -265,3 +265,17 @@ def test_diffusers_text_to_image_is_judged_by_its_components(hub, tmp_path):
     assert "not a Diffusers class" in problem({**index, "_class_name": "MyCustomPipeline"})
     assert "custom code" in problem({**index, "unet": ["my_unet_module", "MyUNet"]})
     assert "custom code" in problem({**index, "unet": ["os", "system"]})
+
+
+def test_the_download_command_fetches_a_hub_model_ahead_of_its_first_request(hub, tmp_path, monkeypatch, capsys):
+    from hugginggpt.modelhost.download import main
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    models = tmp_path / "models"
+    assert main(["--models-dir", str(models), "--hub", NER, "--dry-run"]) == 0
+    assert "would fetch (token-classification, 0.1 MB of weights)" in capsys.readouterr().out
+    assert main(["--models-dir", str(models), "--hub", NER, "tiny-org/remote-code", "a/../b"]) == 1
+    out = capsys.readouterr()
+    assert f"{NER}: in {models / NER}" in out.out
+    assert "tiny-org/remote-code: refused:" in out.err and "a/../b: refused: bad model id" in out.err
+    assert (models / NER / MARKER).is_file() and not (models / "tiny-org/remote-code").exists()
