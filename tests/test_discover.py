@@ -279,3 +279,11 @@ def test_the_download_command_fetches_a_hub_model_ahead_of_its_first_request(hub
     assert f"{NER}: in {models / NER}" in out.out
     assert "tiny-org/remote-code: refused:" in out.err and "a/../b: refused: bad model id" in out.err
     assert (models / NER / MARKER).is_file() and not (models / "tiny-org/remote-code").exists()
+
+
+def test_the_fake_hub_records_requests_per_repository(hub):
+    from huggingface_hub import HfApi
+
+    HfApi(endpoint=hub.url).model_info("tiny-org/status-only", files_metadata=True)
+    assert ("GET", "/api/models/tiny-org/status-only?blobs=true") in hub.repos.requests_for("tiny-org/status-only")
+    assert not hub.repos.requests_for("tiny-org/status-onl")

@@ -166,7 +166,8 @@ class FakeHubRepos:
     def requests_for(self, repo_id: str) -> list[tuple[str, str]]:
         """The requests that named this repository (info, tree, files; CDN downloads carry its id in the query)."""
         with self._lock:
-            return [(m, p) for m, p in self.requests if f"/{repo_id}/" in p + "/" or f"repo={quote(repo_id, safe='')}" in p]
+            return [(m, p) for m, p in self.requests
+                    if f"/{repo_id}/" in p.split("?")[0] + "/" or f"repo={quote(repo_id, safe='')}" in p]
 
     def downloads_of(self, repo_id: str, name: str) -> int:
         """How many times a file's bytes were sent (GET on the CDN or on /resolve), HEAD not counted."""
