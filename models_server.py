@@ -17,6 +17,32 @@ def _stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def discovery_of(config, registry, engine: str):
+    """Hub models outside the catalog this server may download and run (`discovered_models: local`)."""
+    from hugginggpt.modelhost.discover import Discovery, DiscoveryPolicy
+
+    mode = config.discovered_models
+    if mode == "local" and engine != "flask":
+        print("warning: discovered_models: local works with --engine flask only; Ray replicas serve the catalog",
+              file=sys.stderr, flush=True)
+        mode = "off"
+    cap = config.max_model_size_mb
+    policy = DiscoveryPolicy(mode=mode, allow=config.discovered_authors_allow, deny=config.discovered_authors_deny,
+                             max_size_mb=float(cap) if isinstance(cap, (int, float)) and cap > 0 else None)
+    discovery = Discovery(policy, config.local_models_dir, token=config.huggingface_token,
+                          curated_ids=registry.catalog_ids)
+    if discovery.enabled:
+        from huggingface_hub import constants
+
+        authors = f"only {', '.join(policy.allow)}" if policy.allow else "any"
+        denied = f", never {', '.join(policy.deny)}" if policy.deny else ""
+        cap_text = f", at most {policy.max_size_mb:g} MB of weights" if policy.max_size_mb else ""
+        print(f"models server: Hub models outside the catalog are downloaded on first use from {constants.ENDPOINT} "
+              f"into {config.local_models_dir} (authors: {authors}{denied}{cap_text}); "
+              f"{len(discovery.listed())} already there", file=sys.stderr, flush=True)
+    return discovery
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/config.default.yaml")
@@ -76,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               "(drop --dry-run to fetch)", file=sys.stderr, flush=True)
     if args.preload and args.engine == "flask":
         pool.preload(servable)
+    discovery = discovery_of(config, registry, args.engine)
     from hugginggpt.server import serve
 
     host = args.host or config.models_host
@@ -85,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _stop)  # SIGTERM ends like Ctrl-C, so the engine (Ray too) shuts down
     app = create_app(engine, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
-                     max_pixels=config.max_image_pixels)
+                     max_pixels=config.max_image_pixels, discovery=discovery)
     try:
         return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
                      port_option="local_inference_endpoint.port")

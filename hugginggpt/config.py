@@ -42,7 +42,8 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
-        "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens")},
+        "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens",
+        "discovered_models", "discovered_authors_allow", "discovered_authors_deny")},
 }
 
 
@@ -148,6 +149,11 @@ class Config:
     upload_quota_bytes: int = 1024 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     max_output_bytes: int = 200 * 1024 * 1024  # one generated file copied from the models server
+    # Hub models outside the curated catalog (issue 17): hosted (only where a hosted provider serves them),
+    # local (the models server may also download and run them), off (the curated catalog only)
+    discovered_models: str = "hosted"
+    discovered_authors_allow: tuple[str, ...] = ()  # Hub authors / orgs; empty: any author not denied
+    discovered_authors_deny: tuple[str, ...] = ()  # never these authors; wins over the allow list
 
     @property
     def models_server_url(self) -> str:
@@ -212,6 +218,18 @@ def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: 
     if value not in options:
         raise ConfigError(f"{path}: `{key}` must be one of {', '.join(options)}, got {value!r}")
     return value
+
+
+def _authors(data: dict, key: str, path: Path) -> tuple[str, ...]:
+    """A list of Hub authors / organisations (the owner part of `owner/name`)."""
+    from .modelhost.discover import name_problem
+
+    authors = _strings(data, key, path)
+    for author in authors:
+        problem = name_problem(author, "author")
+        if problem:
+            raise ConfigError(f"{path}: `{key}` holds {author!r}, which is not a Hub author name: {problem}")
+    return authors
 
 
 def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
@@ -370,4 +388,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         planner_max_tokens=_positive(data, "planner_max_tokens", 0, path) or None,
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
+        discovered_models=_choice(data, "discovered_models", ("hosted", "local", "off"), "hosted", path),
+        discovered_authors_allow=_authors(data, "discovered_authors_allow", path),
+        discovered_authors_deny=_authors(data, "discovered_authors_deny", path),
     )

@@ -50,9 +50,11 @@ class LocalModelsServer:
             return False
 
     def is_available(self, model_id: str) -> bool:
+        """Servable there now (`loaded`, JARVIS's word), or a Hub model it downloads on first use (`loadable`)."""
         try:
             resp = self._http.get(f"{self.base_url}/status/{model_id}", timeout=self.status_timeout)
-            return resp.status_code == 200 and bool(resp.json().get("loaded"))
+            state = resp.json()
+            return resp.status_code == 200 and bool(state.get("loaded") or state.get("loadable"))
         except (requests.RequestException, ValueError, AttributeError):
             return False
 

@@ -16,6 +16,7 @@ from ..access import bearer_ok, send_public_file
 from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
+from .discover import Discovery, DiscoveryRefused
 from .engine import Engine
 from .handlers import Inputs
 from .pool import InferenceFailed, ModelUnavailable
@@ -24,17 +25,26 @@ from .registry import Registry
 log = logging.getLogger(__name__)
 
 
-def _error(message: str, status: int) -> Response:
-    resp = jsonify({"error": {"message": message}})
+def _error(message: str, status: int, kind: str | None = None) -> Response:
+    resp = jsonify({"error": {"message": message, **({"type": kind} if kind else {})}})
     resp.status_code = status
     return resp
 
 
 def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
                token: str | None = None, policy: UrlPolicy | None = None,
-               max_pixels: int = DEFAULT_MAX_PIXELS) -> Flask:
-    """token: every route (files included) needs `Authorization: Bearer <token>` when set."""
+               max_pixels: int = DEFAULT_MAX_PIXELS, discovery: Discovery | None = None) -> Flask:
+    """token: every route (files included) needs `Authorization: Bearer <token>` when set.
+
+    discovery: Hub models outside the catalog that this server may download and run (`discovered_models:
+    local`); None or another mode: an id outside the catalog is unknown, as in JARVIS.
+    """
     registry: Registry = pool.registry
+    discovering = discovery is not None and discovery.enabled
+
+    def discovered(model_id: str) -> bool:
+        """Is this id one for the discovery path (not a catalog model of any level)?"""
+        return discovering and registry.get(model_id) is None and model_id not in registry.catalog_ids
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     tokens = (token,) if token else ()
@@ -65,6 +75,8 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
 
     @app.get("/status/<path:model_id>")
     def status(model_id: str) -> Response:
+        if discovered(model_id):
+            return jsonify({**discovery.status(model_id), "in_memory": model_id in pool.loaded()})
         spec = registry.get(model_id)
         servable = spec is not None and registry.servable(spec)
         return jsonify({"loaded": servable, "in_memory": model_id in pool.loaded()})
@@ -79,16 +91,33 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
                          "loaded": entry is not None, "device": pool.device,
                          "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
-        return jsonify({"deployment": registry.deployment, "models": rows})
+        if discovering:
+            for spec in discovery.listed():  # downloaded on an earlier request; servable while the policy allows
+                entry = loaded.get(spec.id)
+                try:
+                    discovery.check_policy(spec.id)
+                    problem = None
+                except DiscoveryRefused as exc:
+                    problem = str(exc)
+                rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
+                             "loaded": entry is not None, "device": pool.device, "discovered": True,
+                             "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
+        return jsonify({"deployment": registry.deployment, "models": rows,
+                        "discovered_models": discovery.policy.mode if discovery is not None else "off"})
 
     @app.post("/models/<path:model_id>")
     def infer(model_id: str) -> Response:
         spec = registry.get(model_id)
-        if spec is None:
+        if spec is None and not discovered(model_id):
             return _error(f"unknown model {model_id!r} at deployment level {registry.deployment!r}; see GET /models", 404)
         body = request.get_json(silent=True, force=True)
         if not isinstance(body, dict):
             return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
+        if spec is None:  # a Hub model outside the catalog: judged, then downloaded on first use
+            try:
+                spec = discovery.ensure(model_id)
+            except DiscoveryRefused as exc:
+                return _error(str(exc), exc.status, exc.kind)
         problem = registry.problem(spec)
         if problem:
             return _error(problem, 404)

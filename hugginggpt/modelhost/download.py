@@ -3,6 +3,7 @@
     python -m hugginggpt.modelhost.download --config configs/config.default.yaml           # level and folder from the config
     python -m hugginggpt.modelhost.download --deployment standard --models-dir models --dry-run
     python -m hugginggpt.modelhost.download --only dslim/bert-base-NER
+    python -m hugginggpt.modelhost.download --config CONFIG --hub some-org/some-ner   # a Hub model outside the catalog
 
 Exits 0 when everything wanted is on disk, 1 when a download failed, 2 for a bad argument.
 """
@@ -50,6 +51,36 @@ class HubSizes:
             return None
 
 
+def fetch_discovered(ids: list[str], models_dir: Path, registry: Registry, config, dry_run: bool) -> int:
+    """Hub models outside the catalog, fetched ahead of their first request (discover.py does the checks)."""
+    import os
+
+    from .discover import Discovery, DiscoveryPolicy, DiscoveryRefused
+
+    cap = config.max_model_size_mb if config is not None else None
+    policy = DiscoveryPolicy(mode="local", allow=config.discovered_authors_allow if config else (),
+                             deny=config.discovered_authors_deny if config else (),
+                             max_size_mb=float(cap) if isinstance(cap, (int, float)) and cap > 0 else None)
+    discovery = Discovery(policy, models_dir, endpoint=os.environ.get("HF_ENDPOINT") or None,
+                          token=config.huggingface_token if config else None, curated_ids=registry.catalog_ids)
+    failed = 0
+    for mid in ids:
+        try:
+            if dry_run:
+                state = discovery.status(mid)
+                if not state["loadable"]:
+                    raise DiscoveryRefused(state["problem"])
+                print(f"{mid}: {'already in ' + str(models_dir / mid) if state['loaded'] else 'would fetch'} "
+                      f"({state.get('task', '')}, {state.get('size_mb', '?')} MB of weights)")
+                continue
+            spec = discovery.ensure(mid)
+            print(f"{mid}: in {models_dir / mid} ({spec.task}, {_human(_size(models_dir / mid))})", flush=True)
+        except DiscoveryRefused as exc:
+            failed += 1
+            print(f"{mid}: refused: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="take local_deployment, local_models_dir and the catalog from this config")
@@ -57,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", help="where the weights go (default: models/)")
     parser.add_argument("--only", nargs="*", help="download just these ids")
     parser.add_argument("--dry-run", action="store_true", help="list what would be fetched, with sizes, and stop")
+    parser.add_argument("--hub", nargs="+", metavar="ID",
+                        help="fetch these Hub models outside the catalog now, with the checks the models server makes "
+                             "on first use (generic loader, no remote code, not gated; the config's author lists "
+                             "and size cap)")
     args = parser.parse_args(argv)
     deployment, models_dir, catalog = "standard", Path("models"), DEFAULT_CATALOG
+    config = None
     if args.config:
         from ..config import load_config
         from ..errors import ConfigError
@@ -72,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     deployment = args.deployment or deployment
     models_dir = Path(args.models_dir) if args.models_dir else models_dir
     registry = Registry(deployment, models_dir, catalog_path=catalog)
+    if args.hub:
+        return fetch_discovered(args.hub, models_dir, registry, config, args.dry_run)
     wanted: list[ModelSpec] = [s for s in registry.specs.values() if s.needs_weights]
     if args.only:
         known = {s.id for s in wanted}

@@ -28,6 +28,7 @@ class ModelSpec:
     files: tuple[str, ...] = ()  # the files it needs from that folder, when not the whole repository
     needs_weights: bool = True
     gpu_fraction: float = 0.25  # the share of one GPU a Ray Serve replica asks for to hold this model
+    source: str = "curated"  # curated (the catalog's `local` rows) | hub (discovered on the Hub, discover.py)
 
     def included_in(self, deployment: str) -> bool:
         return LEVELS[self.level] <= LEVELS[deployment]
@@ -86,6 +87,7 @@ class Registry:
         self.deployment = deployment
         self.models_dir = models_dir
         self.specs = {s.id: s for s in specs if s.included_in(deployment)}
+        self.catalog_ids = frozenset(s.id for s in specs)  # every level: such an id is never "discovered"
 
     def get(self, model_id: str) -> ModelSpec | None:
         return self.specs.get(model_id)

@@ -1,0 +1,131 @@
+"""End to end: the real models server runs a Hub model nobody listed, fetched from a fake Hub on first use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from hugginggpt.backends import TaskInputs
+from hugginggpt.backends.local import LocalModelsServer
+from hugginggpt.modelhost.app import create_app
+from hugginggpt.modelhost.discover import Discovery, DiscoveryPolicy
+from hugginggpt.modelhost.engine import LocalEngine
+from hugginggpt.modelhost.pool import ModelPool
+from hugginggpt.modelhost.registry import Registry
+from tests.conftest import ROOT, free_port, make_public
+from tests.fakes.hub_repo import FakeHubServer
+from tests.test_discover import NER, add_repos, tiny_files
+from tests.tiny_models import token_classifier
+
+
+def start_discovering_server(folder: Path, hub_url: str, extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
+    """models_server.py with HF_ENDPOINT at the fake Hub and its own HF_HOME; returns once /running answers."""
+    port = free_port()
+    public = make_public(folder / "public")
+    lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {folder / 'models'}",
+             "local_deployment: minimal", "device: cpu", "huggingface: {token: null}",
+             f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}", *extra]
+    config = folder / "models.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    log_path = folder / "models.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "HUGGINGFACE_ACCESS_TOKEN"}
+    env.update(HF_ENDPOINT=hub_url, HF_HOME=str(folder / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
+                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, cwd=folder, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(url + "/running", timeout=1).ok:
+                return proc, url, log_path
+        except requests.RequestException:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the models server did not start:\n{log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("discover-srv")
+    token_classifier(folder / "src")
+    with FakeHubServer() as hub:
+        add_repos(hub.repos, tiny_files(folder / "src"))
+        proc, url, log_path = start_discovering_server(
+            folder, hub.url, ["discovered_models: local", "discovered_authors_deny: [evil-org]"])
+        try:
+            yield url, hub, folder, log_path
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_a_model_nobody_listed_downloads_on_first_use_and_runs(served):
+    url, hub, folder, log_path = served
+    before = requests.get(f"{url}/status/{NER}", timeout=10).json()
+    assert before["loaded"] is False and before["loadable"] is True and before["task"] == "token-classification"
+    assert LocalModelsServer(url, folder / "public", status_timeout=10).is_available(NER)
+    assert hub.repos.downloads_of(NER, "model.safetensors") == 0  # status never downloads
+
+    out = requests.post(f"{url}/models/{NER}", json={"text": "anna lives in berlin"}, timeout=60)
+    assert out.status_code == 200, out.text
+    entities = out.json()
+    assert entities and all(set(e) >= {"entity_group", "score", "word", "start", "end"} for e in entities)
+    assert hub.repos.downloads_of(NER, "model.safetensors") == 1
+    assert (folder / "models" / NER / "model.safetensors").is_file()
+    assert not (folder / "models" / NER / "vocab.txt").is_symlink()
+    logged = log_path.read_text()
+    assert f"{NER}: not curated; downloading" in logged and f"{NER}: downloaded in" in logged
+
+    asked = len(hub.repos.requests)
+    again = requests.post(f"{url}/models/{NER}", json={"text": "the red fox"}, timeout=60)
+    assert again.status_code == 200, again.text
+    # the orchestrator's client of this server, as a task routed to the discovered model calls it
+    via_backend = LocalModelsServer(url, folder / "public").infer(NER, TaskInputs("token-classification", "anna"))
+    assert "error" not in via_backend and via_backend.get("predicted") is not None, via_backend
+    assert len(hub.repos.requests) == asked  # on disk and loaded: the Hub is not asked again
+    assert requests.get(f"{url}/status/{NER}", timeout=10).json()["loaded"] is True
+    rows = {r["id"]: r for r in requests.get(f"{url}/models", timeout=10).json()["models"]}
+    assert rows[NER]["discovered"] is True and rows[NER]["servable"] and rows[NER]["loaded"]
+    assert rows[NER]["task"] == "token-classification"
+
+
+@pytest.mark.parametrize("path, status, kind", [
+    ("evil-org/tiny-ner", 403, "author_denied"),
+    ("tiny-org/remote-code", 422, "remote_code"),
+    ("tiny-org/gated-ner", 403, "gated"),
+    ("tiny-org/rl-agent", 422, "no_generic_loader"),
+    ("tiny-org/nothing-here", 404, "not_on_hub"),
+    ("tiny-org/%2E%2E", 400, "bad_model_id"),
+    ("tiny-org/a/b", 400, "bad_model_id"),
+    ("tiny-org/na--me", 400, "bad_model_id"),
+    ("tiny-org/" + "x" * 100, 400, "bad_model_id"),
+])
+def test_refusals_are_clear_4xx(served, path, status, kind):
+    url, hub, folder, _ = served
+    resp = requests.post(f"{url}/models/{path}", json={"text": "anna lives in berlin"}, timeout=30)
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == kind and err["message"]
+    state = requests.get(f"{url}/status/{path}", timeout=10).json()
+    assert state["loaded"] is False and state["loadable"] is False and state["problem"]
+    assert not LocalModelsServer(url, folder / "public", status_timeout=10).is_available(path)
+    assert not [r for r in hub.repos.requests if ("/resolve/" in r[1] or "/cdn/" in r[1]) and "tiny-ner" not in r[1]]
+
+
+@pytest.mark.parametrize("mode", ["off", "hosted"])
+def test_without_local_discovery_an_unlisted_id_is_unknown(tmp_path, mode):
+    """`off` and `hosted` (the default) leave the models server as it was: the catalog only, nothing asked."""
+    registry = Registry("minimal", tmp_path / "models")
+    discovery = Discovery(DiscoveryPolicy(mode=mode), tmp_path / "models", endpoint="http://127.0.0.1:9")
+    app = create_app(LocalEngine(ModelPool(registry)), make_public(tmp_path / "public"), discovery=discovery)
+    client = app.test_client()
+    resp = client.post(f"/models/{NER}", json={"text": "anna"})
+    assert resp.status_code == 404 and "unknown model" in resp.get_json()["error"]["message"]
+    assert client.get(f"/status/{NER}").get_json() == {"loaded": False, "in_memory": False}
+    assert client.get("/models").get_json()["discovered_models"] == mode
