@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 
 from .cards import ModelCard, RankQuery, card_from_row, language_fit, languages_in, words
+from .cards import popularity as card_popularity
 from .embedders import Embedder
 from .health import Health
-from .scoring import AVAILABILITY, Factors, Weights, explain, latency_fit, popularity, score, size_fit
+from .scoring import AVAILABILITY, SIZE_REFERENCE_MB, Factors, Weights, explain, latency_fit, popularity, score, size_fit
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,25 @@ class CatalogStore:
             self._bump([r["task"] for r in rows] + [t for t in old_tasks.values()])
         return len(rows)
 
+    def bulk_insert(self, rows: Sequence[dict[str, Any]], vectors: np.ndarray | None = None,
+                    source: str = "hub") -> None:
+        """Many new rows at once (ids not in the store yet), with their vectors in row order; one transaction."""
+        now = time.time()
+        with self.transaction() as w:
+            start = (w.execute("SELECT max(rowid) FROM models").fetchone()[0] or 0) + 1
+            values = []
+            for row in rows:
+                h = row.get("text_hash") or text_hash(card_from_store_row(row))
+                values.append(_row_values(row, source) + (h, now))
+            w.executemany(f"INSERT INTO models(rowid, {', '.join(COLUMNS)}, text_hash, updated_at) VALUES "
+                          f"({', '.join('?' * (len(COLUMNS) + 3))})",
+                          ((start + i, *v) for i, v in enumerate(values)))
+            if vectors is not None:
+                v16 = np.asarray(vectors, dtype=np.float16)
+                w.executemany("INSERT INTO vectors(rowid, text_hash, vec) VALUES (?, ?, ?)",
+                              ((start + i, values[i][-2], v16[i].tobytes()) for i in range(len(values))))
+            self._bump(r["task"] for r in rows)
+
     def import_curated(self, path: Path) -> int:
         """The curated catalog (data/p0_models.jsonl) as rows with source=curated; skipped when unchanged."""
         text = Path(path).read_text(encoding="utf-8")
@@ -519,7 +539,7 @@ class CatalogStore:
         sims = np.asarray(index.vectors[top], dtype=np.float32) @ q
         budget = self.budget_mb or max_size_mb
         static = w.meaning * sims + w.popularity * index.prior[top] + w.size * size_fit(index.size[top], budget)
-        keep = min(len(top), max(4 * limit, 40) + len(exclude))
+        keep = min(len(top), max(3 * limit, 20) + len(exclude))
         order = np.argsort(-static, kind="stable")[:keep]
         rows = self._fetch(index.rowids[top[order]].tolist())
         scored = []
@@ -551,9 +571,9 @@ class CatalogStore:
             card = card_from_store_row(row)
             f = Factors(
                 meaning=meaning,
-                popularity=float(popularity(card.likes, card.downloads)),
+                popularity=card_popularity(card),
                 language=language_fit(card, wanted),
-                size=float(size_fit(card.size_mb, budget)),
+                size=_size_fit1(card.size_mb, budget),
                 latency=latency_fit(self.health.ewma_seconds(card.id), card.size_mb),
                 availability=AVAILABILITY[(availability or {}).get(card.id) or static_availability(row)],
                 health=self.health.penalty(card.id),
@@ -606,6 +626,15 @@ def pack_bits(vectors: np.ndarray) -> np.ndarray:
     if pad:
         signs = np.pad(signs, ((0, 0), (0, pad)))
     return np.packbits(signs, axis=1).view(np.uint64)
+
+
+def _size_fit1(size_mb: float | None, budget_mb: float | None) -> float:
+    """scoring.size_fit for one card, without NumPy's per-call cost."""
+    if size_mb is None or size_mb != size_mb:
+        return 0.5
+    if budget_mb:
+        return min(1.0, max(0.0, 1.0 - size_mb / budget_mb))
+    return 1.0 / (1.0 + size_mb / SIZE_REFERENCE_MB)
 
 
 def static_availability(row: dict[str, Any]) -> str:
