@@ -243,16 +243,20 @@ def heldout(sizes: list[int], per_case: int, tmp: Path) -> dict:
         store.bulk_insert(rows, embedder.embed([c.text() for c in curated]))
         n_extra = max(size - len(rows) - len(alikes), 0)
         base = [dict(r) for r in alikes]
-        dl = zipf_downloads(len(base) + n_extra, nrng)
-        for r, d in zip(base, dl, strict=False):
+        # the look-alikes are among the ~2000 most downloaded models at every catalog size (most beat the right
+        # model on popularity); the copies take the Zipf tail below them
+        ranks = nrng.integers(1, 2 * len(base) + 1, len(base))
+        for r, rank in zip(base, ranks, strict=True):
+            d = 5e7 / rank ** 1.05
             r["downloads"], r["likes"] = int(d), int(d ** 0.5 / 10)
+        dl = (5e7 / (2 * len(base) + 1 + nrng.permutation(max(n_extra, 1))) ** 1.05).astype(np.int64)
         store.bulk_insert(base, alike_vecs)
         if n_extra:  # jittered copies of the look-alikes (vectors generated, not embedded)
             src = nrng.integers(0, len(alikes), n_extra)
             v = alike_vecs[src] + 0.6 / np.sqrt(alike_vecs.shape[1]) * nrng.standard_normal(
                 (n_extra, alike_vecs.shape[1])).astype(np.float32)
             v /= np.linalg.norm(v, axis=1, keepdims=True)
-            extra = [{**alikes[s], "id": f"copy{i}/{alikes[s]['id'].split('/')[-1]}", "downloads": int(dl[len(base) + i]),
+            extra = [{**alikes[s], "id": f"copy{i}/{alikes[s]['id'].split('/')[-1]}", "downloads": int(dl[i]),
                       "text_hash": f"c{i:015x}"} for i, s in enumerate(src)]
             for s in range(0, n_extra, 100_000):
                 store.bulk_insert(extra[s:s + 100_000], v[s:s + 100_000])

@@ -226,7 +226,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_catalog_store.py::test_the_health_penalty_fades_with_time",)),
     Mutation("bit-scan-not-rescored", "hugginggpt/catalog/store.py",
              "        sims = np.asarray(index.vectors[top], dtype=np.float32) @ q",
-             "        sims = 1.0 - 2.0 * np.bitwise_count(np.bitwise_xor(index.bits[top], pack_bits(q[None, :])[0]))"
+             "        sims = 1.0 - 2.0 * np.bitwise_count(np.bitwise_xor(index.bits[:, top].T, pack_bits(q[None, :])[0]))"
              ".sum(axis=1) / q.shape[0]",
              ("tests/test_catalog_store.py::test_the_bit_scan_then_exact_rescoring_finds_what_brute_force_finds",)),
     Mutation("index-not-rebuilt-for-a-changed-task", "hugginggpt/catalog/store.py",

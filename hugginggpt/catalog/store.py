@@ -119,7 +119,7 @@ class TaskIndex:
     """One task's memory-mapped arrays (read-only)."""
 
     rowids: np.ndarray  # int64 (n,)
-    bits: np.ndarray  # uint64 (n, dim/64)
+    bits: np.ndarray  # uint64 (dim/64, n): sign bits, word-major
     vectors: np.ndarray  # float16 (n, dim)
     prior: np.ndarray  # float32 (n,): popularity 0..1
     size: np.ndarray  # float32 (n,): MB, NaN unknown
@@ -447,7 +447,7 @@ class CatalogStore:
         return n
 
     def _save_arrays(self, stem: str, rowids: np.ndarray, vec: np.ndarray, prior: np.ndarray, size: np.ndarray) -> None:
-        bits = pack_bits(vec)
+        bits = np.ascontiguousarray(pack_bits(vec).T)  # (words, n): each word's column is read in one pass
         for kind, arr in (("rowids", rowids), ("vec", vec), ("bits", bits), ("prior", prior), ("size", size)):
             np.save(self.index_dir / f"{stem}.{kind}.npy", arr)
 
@@ -528,8 +528,11 @@ class CatalogStore:
         idx = np.flatnonzero(ok) if not ok.all() else None
         if n > self.rescore:
             qbits = pack_bits(q[None, :])[0]
-            dist = np.bitwise_count(np.bitwise_xor(index.bits, qbits)).sum(axis=1, dtype=np.int32)
-            approx = w.meaning * (1.0 - 2.0 * dist / q.shape[0]) + w.popularity * index.prior
+            dist = np.zeros(n, dtype=np.uint16)
+            for j, word in enumerate(qbits):  # one contiguous pass per 64-bit word (bits are stored word-major)
+                dist += np.bitwise_count(np.bitwise_xor(index.bits[j], word))
+            # cosine ~ 1 - 2 * hamming / dim; the constant is dropped
+            approx = np.float32(w.popularity) * index.prior - np.float32(2.0 * w.meaning / q.shape[0]) * dist
             if idx is not None:
                 approx[~ok] = -np.inf
             top = np.argpartition(-approx, self.rescore)[:self.rescore]
