@@ -32,7 +32,8 @@ def make_models() -> list[dict]:
     for i in range(9):
         models.append(hub_model(f"org{i % 3}/bart-sum-{i}", "summarization", downloads=5_000 - 10 * i, likes=i,
                                 tags=("bart",), language=("en",)))
-    models.append(hub_model("Helsinki-NLP/opus-mt-en-de", "translation", downloads=1, likes=0))  # a curated id
+    # a curated id, in the Hub's first page: the sync must leave the curated row as the file has it
+    models.append(hub_model("Helsinki-NLP/opus-mt-en-de", "translation", downloads=9_950, likes=0))
     return models
 
 
@@ -65,6 +66,7 @@ def test_the_fake_hub_speaks_hfapi(hub):
     assert [m.downloads for m in listed] == sorted((m.downloads for m in listed), reverse=True)
     first = listed[0]
     assert first.id == "org0/opus-mt-en-de-v0" and first.safetensors.total == 74_000_000
+    assert listed[1].id == "Helsinki-NLP/opus-mt-en-de"
     assert first.card_data.language == ["en", "de"] and first.inference_provider_mapping[0].provider == "hf-inference"
     assert first.last_modified is not None and first.sha
     assert [m.id for m in api.list_models(author="org1", search="opus")] == [
@@ -97,7 +99,7 @@ def test_sync_pages_by_downloads_and_maps_the_fields(hub, store):
     assert row.card.language == ("en", "de") and row.license == "apache-2.0" and row.providers == ("hf-inference",)
     assert row.card.size_mb == pytest.approx(74_000_000 * 4 / 2**20, rel=1e-3)
     assert "marian" in row.card.tags and "translation" in row.card.description
-    assert store.get("org0/opus-mt-en-de-v12") is None  # beyond --per-task
+    assert store.get("org0/opus-mt-en-de-v11") is None  # beyond --per-task
     assert store.get("Helsinki-NLP/opus-mt-en-de").source == "curated"  # the curated row is not overwritten
     assert store.get("Helsinki-NLP/opus-mt-en-de").card.downloads == 900000
     assert "cards/s" in err.getvalue() and "ETA" in err.getvalue() and "translation: 12/12" in err.getvalue()
@@ -113,7 +115,7 @@ def test_an_interrupted_sync_continues_where_it_stopped(hub, store):
 
     with pytest.raises(KeyboardInterrupt):
         sync(store, client(hub), ["translation"], page_size=5, on_page=stop_after)
-    assert store.tasks()["translation"] == 10 + 10  # two pages kept (and the curated translation rows)
+    assert store.tasks()["translation"] == 10 + 9  # two pages kept (one of their ten is a curated id)
     before = len(hub.listing_requests())
     report = sync(store, client(hub), ["translation"], page_size=5)
     resumed = hub.listing_requests()[before]
@@ -126,7 +128,7 @@ def test_a_network_error_mid_sync_leaves_whole_pages_and_the_next_run_finishes(h
     hub.fail_at = 3
     with pytest.raises(Exception, match="500"):
         sync(store, client(hub), ["translation"], page_size=5)
-    assert store.tasks()["translation"] == 10 + 10  # pages 1 and 2, nothing of page 3
+    assert store.tasks()["translation"] == 10 + 9  # pages 1 and 2, nothing of page 3
     hub.fail_at = None
     sync(store, client(hub), ["translation"], page_size=5)
     assert store.tasks()["translation"] == 10 + 23
