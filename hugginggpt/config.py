@@ -34,6 +34,9 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
     "logit_bias": ("parse_task", "choose_model"),
     "tprompt": STAGES, "prompt": STAGES, "demos_or_presteps": STAGES,
     "model_constraints": ("language", "max_size_mb"),
+    "catalog_sync": ("tasks", "per_task", "endpoint"),
+    "catalog_weights": ("meaning", "popularity", "language", "size", "latency", "availability", "health",
+                        "health_half_life_hours"),
     **{key: None for key in (
         "model", "use_completion", "dev", "debug", "log_file", "inference_mode", "local_deployment", "device",
         "num_candidate_models", "max_description_length", "proxy", "root", "public_dir", "catalog",
@@ -43,7 +46,8 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens",
-        "discovered_models", "discovered_authors_allow", "discovered_authors_deny")},
+        "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
+        "catalog_refresh_hours")},
 }
 
 
@@ -154,6 +158,13 @@ class Config:
     discovered_models: str = "hosted"
     discovered_authors_allow: tuple[str, ...] = ()  # Hub authors / orgs; empty: any author not denied
     discovered_authors_deny: tuple[str, ...] = ()  # never these authors; wins over the allow list
+    # the Hub catalog store (README "The whole Hub as the catalog")
+    catalog_store: Path = Path("data/catalog.sqlite")  # built by `tools/build_catalog.py sync`, not committed
+    catalog_refresh_hours: float = 0.0  # > 0: the server re-syncs in the background this often
+    catalog_sync_tasks: tuple[str, ...] = ()  # pipeline tags to sync; empty: every planner task the Hub has
+    catalog_sync_per_task: int | None = None  # most downloaded N per task; None: all
+    catalog_endpoint: str | None = None  # the Hub's URL; None: HF_ENDPOINT, else huggingface.co
+    catalog_weights: dict[str, float] = field(default_factory=dict)  # scoring.Weights overrides
 
     @property
     def models_server_url(self) -> str:
@@ -391,4 +402,22 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         discovered_models=_choice(data, "discovered_models", ("hosted", "local", "off"), "hosted", path),
         discovered_authors_allow=_authors(data, "discovered_authors_allow", path),
         discovered_authors_deny=_authors(data, "discovered_authors_deny", path),
+        catalog_store=rel(_get(data, "catalog_store", "data/catalog.sqlite")),
+        catalog_refresh_hours=_typed(data, "catalog_refresh_hours", float, 0.0, path),
+        catalog_sync_tasks=_strings(data, "catalog_sync.tasks", path),
+        catalog_sync_per_task=_positive(data, "catalog_sync.per_task", 0, path) or None,
+        catalog_endpoint=_get(data, "catalog_sync.endpoint"),
+        catalog_weights=_weights(data, path),
     )
+
+
+def _weights(data: dict, path: Path) -> dict[str, float]:
+    raw = _get(data, "catalog_weights", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: `catalog_weights` must be a mapping of factor: weight")
+    out = {}
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: `catalog_weights.{key}` must be a number, got {value!r}")
+        out[str(key)] = float(value)
+    return out

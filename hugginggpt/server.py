@@ -32,7 +32,8 @@ from .uploads import UploadStore
 log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
-API_ROUTES = (*MODES, "/upload")
+API_ROUTES = (*MODES, "/upload", "/models/search")
+SEARCH_LIMIT = 100
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 HEARTBEAT_SECONDS = 10.0
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -221,6 +222,46 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         llm = {k: v for k, v in config.llm.redacted().items() if k != "endpoint"}
         return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
+
+    catalog: dict[str, Any] = {}
+    catalog_lock = threading.Lock()
+
+    def catalog_store():
+        """The engine's store when it has one, else the config's, opened on the first search."""
+        store = getattr(engine, "catalog_store", None)
+        if store is not None:
+            return store
+        with catalog_lock:
+            if "store" not in catalog:
+                from .catalog.store import open_store
+
+                catalog["store"] = open_store(config)
+            return catalog["store"]
+
+    @app.get("/models/search")
+    def models_search() -> Response:
+        """What the planner can choose from: `task`, `q` (the request's words), `limit`; best first."""
+        task = request.args.get("task", "").strip()
+        q = request.args.get("q", "")
+        raw_limit = request.args.get("limit", "10")
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {raw_limit[:20]!r}") from None
+        if not 1 <= limit <= SEARCH_LIMIT:
+            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {limit}")
+        if len(q) > 1000:
+            raise BadRequest("`q` is longer than 1000 characters")
+        store = catalog_store()
+        known = store.tasks()
+        if task and task not in known:
+            raise BadRequest(f"unknown task {task[:60]!r}; the catalog has: {', '.join(sorted(known))}")
+        found = []
+        for t in [task] if task else sorted(known):
+            found += store.search(t, q, limit=limit, language=config.preferred_language,
+                                  max_size_mb=config.max_model_size_mb)
+        found.sort(key=lambda c: -c.score)
+        return jsonify([c.to_json() for c in found[:limit]])
 
     @app.get("/")
     def index() -> Response:

@@ -7,6 +7,8 @@ Likes and downloads are rounded snapshots used only for ranking; descriptions ar
 
     python tools/build_catalog.py           # rewrite data/p0_models.jsonl
     python tools/build_catalog.py --check   # exit 1 if the file differs from what this table writes
+    python tools/build_catalog.py sync --config CONFIG [--per-task N] [--tasks T ...] [--full]
+                                            # fill the config's catalog_store from the Hub (see `sync --help`)
 """
 
 import argparse
@@ -347,7 +349,57 @@ def build_rows() -> list[dict]:
     return rows
 
 
+def sync_main(argv) -> int:
+    """`sync`: the Hub's models into the store the config names (resumable, incremental)."""
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    from hugginggpt.catalog.hub_api import HubClient
+    from hugginggpt.catalog.store import open_store
+    from hugginggpt.catalog.sync import HUB_TASKS, Progress, sync
+    from hugginggpt.config import load_config
+    from hugginggpt.errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog="build_catalog.py sync", description=(
+        "Fill the catalog store (config key catalog_store) with the Hub's models, per pipeline tag, most downloaded "
+        "first. Interrupted (Ctrl-C, network), it continues where it stopped; run again, it fetches only what "
+        "changed. The Hub is HF_ENDPOINT (or catalog_sync.endpoint); the token huggingface.token or HF_TOKEN."))
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--per-task", type=int, default=None, help="the most downloaded N per task (default: all)")
+    parser.add_argument("--tasks", nargs="+", default=None, help="pipeline tags (default: every planner task)")
+    parser.add_argument("--full", action="store_true", help="list everything again (refreshes downloads and likes)")
+    parser.add_argument("--page-size", type=int, default=1000)
+    parser.add_argument("--retries", type=int, default=5, help="retries per request on network errors and 5xx")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, need_llm=False)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tasks = args.tasks or list(config.catalog_sync_tasks) or list(HUB_TASKS)
+    per_task = args.per_task or config.catalog_sync_per_task
+    store = open_store(config)
+    client = HubClient(endpoint=config.catalog_endpoint, token=config.huggingface_token, max_retries=args.retries)
+    print(f"syncing {len(tasks)} task(s) from {client.endpoint} into {store.path} "
+          f"({'all' if per_task is None else per_task} per task, embedder {store.meta('embedder')})", file=sys.stderr)
+    try:
+        report = sync(store, client, tasks, per_task=per_task, full=args.full, page_size=args.page_size,
+                      progress=Progress())
+    except KeyboardInterrupt:
+        print("interrupted: what was fetched is kept; run the same command again to continue", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - network or Hub error: the store keeps every finished page
+        print(f"error: {exc.__class__.__name__}: {exc}\nwhat was fetched is kept; run again to continue",
+              file=sys.stderr)
+        return 1
+    print(f"{report.fetched} cards fetched in {report.seconds:.1f}s ({report.rate:.0f} cards/s); the store holds "
+          f"{store.count()} models in {len(store.tasks())} tasks", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sync"]:
+        return sync_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the file is out of date")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "data" / "p0_models.jsonl")
