@@ -17,6 +17,7 @@ from typing import Any
 from .backends import Backend
 from .backends.local import LocalModelsServer
 from .catalog import Catalog, KeywordRanker, Ranker
+from .catalog.store import CatalogStore
 from .choose import decisions, start_selection
 from .config import Config
 from .execute import Executor, Round
@@ -53,6 +54,7 @@ class HuggingGPT:
             ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards)
         self.ranker = ranker or KeywordRanker()
         self.warmed = threading.Event()
+        self.catalog_store: CatalogStore | None = None  # opened by `warm`
         self.clients = ClientCache(config.proxy)
         self.url_policy = config.url_policy()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
@@ -74,7 +76,8 @@ class HuggingGPT:
                                                     thread_name_prefix="select")
 
     def warm(self) -> None:
-        """Load the ranking model and embed the catalog now, not on the first request."""
+        """Load the ranking model, embed the catalog and open the catalog store now, not on the first request.
+        Until the store is open, models are chosen from the curated catalog in memory."""
         warm = getattr(self.ranker, "warm", None)
         if warm is not None:
             try:
@@ -82,7 +85,33 @@ class HuggingGPT:
                 self.ranker.load()
             except Exception:  # noqa: BLE001 - ranking falls back per request if this fails
                 log.exception("warming the model ranker failed")
+        try:
+            self.open_catalog_store()
+        except Exception:  # noqa: BLE001 - selection keeps the curated catalog
+            log.exception("opening the catalog store %s failed; choosing from %s", self.config.catalog_store,
+                          self.config.catalog_path)
         self.warmed.set()
+
+    def open_catalog_store(self) -> None:
+        """The Hub catalog (`catalog_store`, with the curated rows imported): selection ranks from it, every
+        model run is recorded in its health table, and `catalog_refresh_hours` keeps it synced."""
+        from .catalog.embedders import SemanticEmbedder
+        from .catalog.store import open_store
+
+        semantic = hasattr(self.ranker, "card_vector")
+        store = open_store(self.config, SemanticEmbedder.from_ranker(self.ranker, self.catalog.cards) if semantic
+                           else None)
+        self.catalog_store = store
+        self.executor.health = store.health
+        self.selector.use_store(store)
+        log.info("catalog store %s: %d models in %d tasks", store.path, store.count(), len(store.tasks()))
+        if self.config.catalog_refresh_hours > 0:
+            from .catalog.hub_api import HubClient
+            from .catalog.sync import HUB_TASKS, BackgroundRefresh
+
+            client = HubClient(self.config.catalog_endpoint, self.config.huggingface_token)
+            BackgroundRefresh(store, client, self.config.catalog_sync_tasks or HUB_TASKS,
+                              self.config.catalog_refresh_hours, self.config.catalog_sync_per_task).start()
 
     @property
     def ranking(self) -> str:

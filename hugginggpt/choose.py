@@ -25,7 +25,10 @@ def start_selection(state: RequestState, selector: Selector, tasks: list[Task], 
     for task in tasks:
         if task.error or task.id in state.selections:  # already chosen while the plan streamed
             continue
-        fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias)
+        with state.lock:
+            failed = frozenset(state.failed_models)  # a replan never picks a model that failed in this request
+        fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias,
+                             failed)
         fut.add_done_callback(lambda f, t=task: _announce(state, t, f))
         state.selections[task.id] = fut
 

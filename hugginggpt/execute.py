@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .backends import Backend, TaskInputs
+from .catalog.health import Health
 from .config import Config
 from .errors import BackendError, ResourceError
 from .plan import Task
@@ -35,6 +36,7 @@ class Executor:
         self.url_policy = url_policy
         # Task threads are shared by all requests (each round still runs at most max_workers at once): starting
         # threads for every request cost more CPU than the rest of the orchestration (bench/load.py).
+        self.health: Health | None = None  # the catalog store's, once open: every model run is recorded there
         self.threads = ThreadPoolExecutor(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
                                           thread_name_prefix="task")
 
@@ -78,10 +80,12 @@ class Executor:
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
+            started = time.perf_counter()
             try:
                 result = backend.infer(model_id, inputs)
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
+            self._record(state, model_id, result, time.perf_counter() - started)
             if "error" not in result:
                 choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else
                           f"fallback after {tried[-1]['model']} failed"}
@@ -96,6 +100,20 @@ class Executor:
         message = "; ".join(f"{t['model']} ({t['hosted_on']}): {t['error']}" for t in tried) or "no backend"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
                                                              "tried": tried}})
+
+    def _record(self, state: RequestState, model_id: str, result: dict[str, Any], seconds: float) -> None:
+        """The model's health: success or failure and latency, kept by the store across restarts. A run cut
+        short because the request was cancelled says nothing about the model."""
+        failed = "error" in result
+        if failed:
+            with state.lock:
+                state.failed_models.add(model_id)
+        if self.health is None or (failed and state.cancelled.is_set()):
+            return
+        try:
+            self.health.record(model_id, not failed, seconds, _message(result["error"])[:300] if failed else None)
+        except Exception:  # noqa: BLE001 - a full disk must not fail the task
+            log.exception("recording the health of %s failed", model_id)
 
     def resolve_refs(self, state: RequestState, task: Task) -> None:
         """Replace `<GENERATED>-N` with task N's output of the argument's kind, just before running."""

@@ -120,6 +120,7 @@ class RequestState:
         self.replan_attempts = 0
         self.planner_messages: list[dict[str, str]] = []
         self.plan_reply = ""
+        self.failed_models: set[str] = set()  # models that failed in this request (under `lock`)
         self.model_seconds: dict[int, float] = {}  # task id -> time spent in backends (not waiting, not choosing)
 
     def hold_events(self) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 from .backends import Backend
 from .catalog import Catalog, ModelCard, Ranker, RankQuery
+from .catalog.scoring import Factors
+from .catalog.store import Candidate, CatalogStore
 from .errors import LLMError
 from .llm import LLMClient
 from .plan import TEXT_TASKS_FOR_LLM, PlanParseError, Task, extract_json
@@ -156,6 +158,12 @@ class Selector:
         self.inference_mode = inference_mode
         self.num_candidates = num_candidates
         self.max_description_length = max_description_length
+        self.store: CatalogStore | None = None  # once open (at warm-up): candidates come from the Hub catalog
+
+    def use_store(self, store: CatalogStore | None) -> None:
+        """Rank from the catalog store from now on: Hub-sized, with popularity, size, latency, availability
+        and each model's health in the score (None: the curated catalog in memory)."""
+        self.store = store
 
     def backends_in_order(self) -> list[str]:
         return {"local": ["local"], "huggingface": ["huggingface"], "hybrid": ["local", "huggingface"]}[
@@ -190,17 +198,47 @@ class Selector:
         except Exception:  # noqa: BLE001 - each select embeds its own query if this fails
             log.exception("embedding the request's ranking queries failed")
 
-    def rank(self, user_input: str, task: Task) -> list[tuple[ModelCard, float]]:
+    def rank(self, user_input: str, task: Task, exclude: Iterable[str] = ()) -> list[tuple[ModelCard, float]]:
         """The catalog's candidates for `task`, best first, with their scores."""
-        return self.catalog.ranked(self.query(user_input, task), self.ranker, limit=max(self.num_candidates * 2, 10))
+        return [(c.card, c.score) for c in self.candidates(user_input, task, exclude)]
 
-    def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0) -> Selection:
+    def candidates(self, user_input: str, task: Task, exclude: Iterable[str] = ()) -> list[Candidate]:
+        """The best candidates for `task` with their scores and what decided them; `exclude`: never these."""
+        query = self.query(user_input, task)
+        limit = max(self.num_candidates * 2, 10)
+        store = self.store
+        if store is not None:
+            vectors = getattr(self.ranker, "query_vectors", None)
+            return store.search(task.task, query.text, limit=limit, language=query.language,
+                                max_size_mb=query.max_size_mb, exclude=exclude,
+                                query_vector=vectors([query])[0] if vectors is not None else None)
+        skip = set(exclude)
+        ranked = self.catalog.ranked(query, self.ranker, limit=limit + len(skip))
+        return [Candidate(card, score, Factors(meaning=score)) for card, score in ranked if card.id not in skip][:limit]
+
+    def search(self, task: str | None, text: str, limit: int) -> list[dict[str, Any]]:
+        """The catalog as people browse it (GET /models/search): cards for `task` (or every task), best first."""
+        tasks = [task] if task else self.tasks()
+        found: list[Candidate] = []
+        for name in tasks:
+            found += self.candidates(text, Task(task=name, id=0, dep=[-1], args={}))[:limit]
+        found.sort(key=lambda c: -c.score)
+        return [{"id": c.card.id, "task": c.card.task, "downloads": c.card.downloads, "likes": c.card.likes,
+                 "score": round(c.score, 4), "reason": c.reason} for c in found[:limit]]
+
+    def tasks(self) -> list[str]:
+        return sorted(self.store.tasks()) if self.store is not None else self.catalog.tasks()
+
+    def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0,
+               exclude: frozenset[str] = frozenset()) -> Selection:
+        """exclude: models that already failed in this request (a replan never picks them again)."""
         started = time.perf_counter()
-        selection = self._select(user_input, task, llm, logit_bias)
+        selection = self._select(user_input, task, llm, logit_bias, exclude)
         selection.seconds = time.perf_counter() - started
         return selection
 
-    def _select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float) -> Selection:
+    def _select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float,
+                exclude: frozenset[str] = frozenset()) -> Selection:
         base = dict(task_id=task.id, task=task.task)
         if task.task.endswith("-text-to-image") or task.task.endswith("-control"):
             if self.inference_mode == "huggingface":
@@ -217,9 +255,10 @@ class Selector:
         if task.task in TEXT_TASKS_FOR_LLM:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
                              reason="The LLM performs well on this text task itself.")
-        ranked = self.rank(user_input, task)
-        cards = [c for c, _ in ranked]
-        score_of = {c.id: score for c, score in ranked}
+        ranked = self.candidates(user_input, task, exclude)
+        cards = [c.card for c in ranked]
+        score_of = {c.card.id: c.score for c in ranked}
+        why = {c.card.id: c.reason for c in ranked}
         if not cards:
             return Selection(**base, model_id=None, hosted_on=None, reason="",
                              error=f"no model in the catalog does {task.task}")
@@ -245,8 +284,8 @@ class Selector:
         if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, available=available,
-                             reason=f"top-ranked for this request ({lead:.2f} ahead of the next candidate); "
-                                    "chosen without asking the LLM")
+                             reason=f"top-ranked for this request ({lead:.2f} ahead of the next candidate"
+                                    f"{': ' + why[mid] if why.get(mid) else ''}); chosen without asking the LLM")
         by_id: dict[str, ModelCard] = {c.id: c for c in cards}
         metas: list[dict[str, Any]] = [by_id[m].meta(self.max_description_length, b) for m, b in kept]
         try:

@@ -223,21 +223,6 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
 
-    catalog: dict[str, Any] = {}
-    catalog_lock = threading.Lock()
-
-    def catalog_store():
-        """The engine's store when it has one, else the config's, opened on the first search."""
-        store = getattr(engine, "catalog_store", None)
-        if store is not None:
-            return store
-        with catalog_lock:
-            if "store" not in catalog:
-                from .catalog.store import open_store
-
-                catalog["store"] = open_store(config)
-            return catalog["store"]
-
     @app.get("/models/search")
     def models_search() -> Response:
         """What the planner can choose from: `task`, `q` (the request's words), `limit`; best first."""
@@ -252,16 +237,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
             raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {limit}")
         if len(q) > 1000:
             raise BadRequest("`q` is longer than 1000 characters")
-        store = catalog_store()
-        known = store.tasks()
+        known = engine.selector.tasks()
         if task and task not in known:
             raise BadRequest(f"unknown task {task[:60]!r}; the catalog has: {', '.join(sorted(known))}")
-        found = []
-        for t in [task] if task else sorted(known):
-            found += store.search(t, q, limit=limit, language=config.preferred_language,
-                                  max_size_mb=config.max_model_size_mb)
-        found.sort(key=lambda c: -c.score)
-        return jsonify([c.to_json() for c in found[:limit]])
+        return jsonify(engine.selector.search(task or None, q, limit))
 
     @app.get("/")
     def index() -> Response:

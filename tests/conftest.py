@@ -110,6 +110,7 @@ def write_config(folder: Path, llm_url: str, models_url: str, public: Path, **ex
         "llm_timeout": 10,
         "status_cache_seconds": 0,
         "request_timeout": 30,
+        "catalog_store": str(folder / "catalog.sqlite"),  # each server its own (health is persisted there)
     }
     for key, value in extra.items():
         data[key] = value

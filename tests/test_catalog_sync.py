@@ -79,8 +79,8 @@ def test_the_fake_hub_speaks_hfapi(hub):
 
 
 def test_the_fake_hub_serves_a_never_listed_models_files(hub, tmp_path):
-    hub.models.append(hub_model("tiny/never-listed", "text-classification", files=("config.json", "model.bin")))
-    hub.files["tiny/never-listed"] = {"config.json": b'{"model_type": "bert"}', "model.bin": b"\0" * 2048}
+    hub.repos.add("tiny/never-listed", {"config.json": b'{"model_type": "bert"}', "model.bin": b"\0" * 2048},
+                  pipeline_tag="text-classification")
     path = hf_hub_download("tiny/never-listed", "model.bin", endpoint=hub.url, cache_dir=tmp_path)
     assert Path(path).stat().st_size == 2048
     folder = Path(snapshot_download("tiny/never-listed", endpoint=hub.url, cache_dir=tmp_path / "snap"))

@@ -75,9 +75,25 @@ class SemanticEmbedder:
         return _normalize(np.asarray(self._embed(list(texts)), dtype=np.float32))
 
     @classmethod
-    def from_ranker(cls, ranker) -> SemanticEmbedder:
-        """From a SemanticRanker: named after its model folder, so a changed model re-embeds the store."""
-        return cls(ranker.embed, name=f"st:{ranker.model_path.name}")
+    def from_ranker(cls, ranker, cards: Sequence = ()) -> SemanticEmbedder:
+        """From a SemanticRanker: named after its model folder, so a changed model re-embeds the store. Cards are
+        read up to the model's own length (as the ranker reads them), and the vectors the ranker already has
+        for `cards` are reused, not computed again."""
+        from .embedding import DOCUMENT_TOKENS
+
+        known = {}
+        for card in cards:
+            vector = ranker.card_vector(card)
+            if vector is not None:
+                known[card.text()] = vector
+
+        def embed(texts: list[str]) -> np.ndarray:
+            missing = list(dict.fromkeys(t for t in texts if t not in known))
+            fresh = dict(zip(missing, ranker.embed(missing, max_tokens=DOCUMENT_TOKENS), strict=True)) if missing \
+                else {}
+            return np.stack([known[t] if t in known else fresh[t] for t in texts])
+
+        return cls(embed, name=f"st:{ranker.model_path.name}")
 
 
 def default_embedder(semantic: bool = True, cache_dir=None) -> Embedder:

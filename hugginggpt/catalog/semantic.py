@@ -145,6 +145,10 @@ class SemanticRanker:
             keys = [c.id + c.task for c in cards if c.id + c.task in self._card_vectors]
             np.savez(cache, keys=np.array(keys), vectors=np.stack([self._card_vectors[k] for k in keys]))
 
+    def card_vector(self, card: ModelCard) -> np.ndarray | None:
+        """The card's vector if it was embedded already (see `warm`)."""
+        return self._card_vectors.get(card.id + card.task)
+
     def query_vectors(self, queries: Sequence[RankQuery]) -> list[np.ndarray]:
         """The queries' vectors: from the cache, the missing ones embedded together in one call. A text that
         another thread is embedding right now is waited for, not embedded twice (a request's tasks are

@@ -7,9 +7,8 @@ file_download.get_hf_file_metadata):
   (downloads | likes | lastModified | createdAt | trendingScore), `direction` (-1 default, or 1), `limit`
   (the page size, at most 1000), `expand` (only those fields, plus `id` and `_id`) or `full`; pages follow
   each other through a `Link: <...&cursor=...>; rel="next"` header, the cursor opaque (base64).
-- `GET /api/models/<id>` and `/api/models/<id>/revision/<rev>`: the model's info with `siblings` and `sha`;
-  `/api/models/<id>/tree/<rev>`: its files (what snapshot_download lists).
-- `HEAD`/`GET /<id>/resolve/<rev>/<file>`: the file, with `X-Repo-Commit`, `ETag` and `Content-Length`.
+- Everything else (a model's info, file tree and files, as `model_info` and `snapshot_download` read them) is
+  answered by the repositories in `repos` (`tests/fakes/hub_repo.py`).
 
 Every request is recorded; `fail_at` makes the N-th listing request answer 500 (a network error mid-sync).
 """
@@ -25,6 +24,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from flask import Flask, Response, jsonify, request
+
+from tests.fakes.hub_repo import FakeHubRepos
 
 DEFAULT_FIELDS = ("_id", "id", "likes", "trendingScore", "private", "downloads", "tags", "pipeline_tag", "library_name",
                   "createdAt", "modelId")
@@ -59,7 +60,7 @@ def hub_model(model_id: str, task: str, downloads: int = 0, likes: int = 0,
 @dataclass
 class FakeHub:
     models: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # model id -> file name -> content
+    repos: FakeHubRepos = field(default_factory=FakeHubRepos)  # what `/api/models/<id>` and files serve
     default_page: int = MAX_PAGE
     fail_at: int | None = None  # the N-th listing request (1-based) answers 500
     requests: list[str] = field(default_factory=list)
@@ -129,50 +130,15 @@ class FakeHub:
                 resp.headers["Link"] = f'<{url}>; rel="next"'
             return resp
 
-        def find(model_id: str) -> dict[str, Any] | None:
-            return next((m for m in self.models if m["id"] == model_id), None)
-
-        def not_found(what: str) -> Response:
-            resp = jsonify({"error": f"{what} not found"})
-            resp.status_code = 404
-            resp.headers["X-Error-Code"] = "RepoNotFound" if "Repository" in what else "EntryNotFound"
-            return resp
-
-        @app.get("/api/models/<path:rest>")
-        def model_info(rest: str) -> Response:
-            if "/tree/" in rest:
-                return tree(*rest.split("/tree/", 1))
-            model_id, _, revision = rest.partition("/revision/")
-            model = find(model_id)
-            if model is None:
-                return not_found("Repository")
-            names = sorted(self.files.get(model_id, {})) or [s["rfilename"] for s in model.get("siblings", [])]
-            return jsonify({**model, "siblings": [{"rfilename": f} for f in names]})
-
-        def tree(model_id: str, revision: str) -> Response:
-            """list_repo_tree (snapshot_download lists the files of the resolved commit)."""
-            if find(model_id) is None:
-                return not_found("Repository")
-            return jsonify([{"type": "file", "path": name, "size": len(data),
-                             "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
-                            for name, data in sorted(self.files.get(model_id, {}).items())])
-
         @app.route("/<path:rest>", methods=["GET", "HEAD"])
-        def resolve(rest: str) -> Response:
-            model_id, sep, tail = rest.partition("/resolve/")
-            if not sep:
-                return not_found("Page")
-            model = find(model_id)
-            if model is None:
-                return not_found("Repository")
-            _revision, _, filename = tail.partition("/")
-            data = self.files.get(model_id, {}).get(filename)
-            if data is None:
-                return not_found("Entry")
-            resp = Response(data, mimetype="application/octet-stream")
-            resp.headers["X-Repo-Commit"] = model["sha"]
-            resp.headers["ETag"] = f'"{hashlib.sha256(data).hexdigest()}"'
-            resp.headers["Content-Length"] = str(len(data))
+        def repository(rest: str) -> Response:
+            """Model info, file trees and files: the repositories in `self.repos` (tests/fakes/hub_repo.py)."""
+            answer = self.repos.respond(request.method, "/" + rest, request.args.to_dict(), request.host_url,
+                                        dict(request.headers))
+            if answer is None:
+                return jsonify({"error": "no such route on the fake Hub"}), 404
+            resp = Response(answer.body, status=answer.status, headers=answer.headers)
+            resp.headers["Content-Length"] = answer.headers.get("Content-Length", str(len(answer.body)))  # HEAD too
             return resp
 
         return app
