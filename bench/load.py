@@ -145,7 +145,9 @@ def ranking_cost(keyword: bool, queries: int = 60) -> tuple[float, float, str]:
 
     config = load_config(ROOT / "configs" / "config.default.yaml", env={"OPENAI_API_KEY": "x"}, need_llm=False)
     from hugginggpt.catalog import Catalog, KeywordRanker
+    from hugginggpt.catalog.embedders import SemanticEmbedder
     from hugginggpt.catalog.semantic import SemanticRanker
+    from hugginggpt.catalog.store import CatalogStore
 
     catalog = Catalog.load(config.catalog_path)
     ranker = KeywordRanker() if keyword else SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
@@ -156,6 +158,10 @@ def ranking_cost(keyword: bool, queries: int = 60) -> tuple[float, float, str]:
                         inference_mode="local", num_candidates=config.num_candidate_models,
                         max_description_length=config.max_description_length, choose=config.choose_model,
                         margin=config.choose_model_margin)
+    # as the server ranks once warm: from a catalog store holding the curated catalog
+    embedder = SemanticEmbedder.from_ranker(ranker, catalog.cards) if hasattr(ranker, "card_vector") else None
+    selector.use_store(CatalogStore.open(Path(tempfile.mkdtemp(prefix="load-store-")) / "catalog.sqlite", embedder,
+                                         curated=config.catalog_path))
     per_task: list[float] = []
     for n in range(1000, 1000 + queries):
         plan = json.loads(plan_for(n))
@@ -213,7 +219,7 @@ def main(rounds: int, keyword: bool) -> None:
     base = statistics.median(res[1])
     label = "keyword ranking (--keyword)" if keyword else "shipped defaults (semantic ranking)"
     print(f"{label}; LLM {LATENCY}s per call, model {LATENCY}s per call, 3-task plans")
-    print(f"ranking cost per task ({ranker}, in process, cache misses): p50 {rank50 * 1000:.2f} ms, "
+    print(f"ranking cost per task ({ranker} over the catalog store, in process, cache misses): p50 {rank50 * 1000:.2f} ms, "
           f"p99 {rank99 * 1000:.2f} ms")
     print(f"server CPU per request ({SEQUENTIAL} in a row): {res['cpu_ms']:.0f} ms")
     print(f"one request alone: p50 {base:.2f}s")

@@ -76,3 +76,13 @@ def test_max_replans_zero_turns_it_off(tmp_path, llm, models, models_server, pub
         assert "Replanned" not in answer and len(llm.stage_requests("parse_task")) == 1
     finally:
         stop_server(srv)
+
+
+def test_a_replan_never_runs_a_model_that_already_failed_in_the_request(server, llm, models):
+    models.models = {SDXL: "text-to-image", "Salesforce/blip-image-captioning-large": "image-to-text"}
+    models.broken.add(SDXL)
+    llm.on("parse_task", plan(("text-to-image", [-1], {"text": "a fox"})))
+    llm.on("parse_task", plan(("text-to-image", [-1], {"text": "a fox, again"}), first=1), contains="could not be run")
+    results = server.post("/results", ask("draw a fox")).json()
+    assert [c["model"] for c in models.calls].count(SDXL) == 1  # the replan's task did not try it again
+    assert "no available model for text-to-image" in results["1"]["inference result"]["error"]["message"]

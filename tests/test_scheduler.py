@@ -199,3 +199,23 @@ def test_nothing_starts_before_start_and_later_tasks_start_on_arrival():
     assert sorted(ran) == [0, 1, 2]  # all ran before close_input / run was called
     s.close_input()
     assert all(o.state == DONE for o in s.run(timeout=1).values())
+
+
+def test_a_scheduler_on_shared_threads_runs_at_most_max_workers_of_its_tasks_at_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = ThreadPoolExecutor(max_workers=8)
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def body(tid):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    out = Scheduler.of_graph({t: [] for t in range(6)}, body, max_workers=2, executor=shared).run(timeout=5)
+    assert all(o.state == DONE for o in out.values()) and peak[0] == 2  # the other four waited their turn
+    other = Scheduler.of_graph({0: []}, lambda t: "ok", executor=shared).run(timeout=5)  # the threads live on
+    assert other[0].state == DONE and not shared._shutdown

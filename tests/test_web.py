@@ -200,3 +200,22 @@ def test_the_page_thinks_visibly_and_has_a_favicon(server, llm, models, page):
     assert page.locator("#chat .assistant.thinking").count() == 0
     icon = requests.get(server.url + "/favicon.ico", timeout=5)
     assert icon.status_code == 200 and icon.headers["Content-Type"].startswith("image/svg+xml")
+
+
+def test_the_models_box_searches_the_catalog_and_shows_cards_safely(server, page):
+    """The planner's choices, browsable: the Models box lists cards best first; ids are text, never markup."""
+    page.goto(server.url + "/")
+    page.click("#catalog summary")
+    page.fill("#catalog-q", "translate English into German")
+    page.fill("#catalog-task", "translation")
+    page.click("#catalog-search button")
+    page.wait_for_selector("#catalog-results .card", timeout=15000)
+    ids = page.locator("#catalog-results .card b").all_inner_texts()
+    expected = [c["id"] for c in requests.get(server.url + "/models/search", params={
+        "task": "translation", "q": "translate English into German", "limit": 20}, timeout=10).json()]
+    assert ids == expected and "Helsinki-NLP/opus-mt-en-de" in ids
+    assert "downloads" in page.locator("#catalog-results .card .meta").first.inner_text()
+    page.fill("#catalog-task", "<img src=x onerror=alert(1)>")
+    page.click("#catalog-search button")
+    page.wait_for_function("document.querySelector('#catalog-results').textContent.includes('unknown task')")
+    assert page.locator("#catalog-results img").count() == 0  # the error is shown as text

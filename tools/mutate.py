@@ -382,8 +382,36 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    discovering = discovery is not None and discovery.enabled",
              "    discovering = discovery is not None",
              ("tests/test_discover_server.py::test_without_local_discovery_an_unlisted_id_is_unknown",)),
+    # -- selection from the Hub catalog, and the CPU per request (issues 16 and 17, wiring) ---------------
+    Mutation("health-not-recorded", "hugginggpt/execute.py",
+             "            self.health.record(model_id, not failed, seconds,",
+             "            (lambda *a: None)(model_id, not failed, seconds,",
+             ("tests/test_hub_end_to_end.py",)),
+    Mutation("selection-ignores-the-store", "hugginggpt/select.py",
+             "        store = self.store\n",
+             "        store = None\n",
+             ("tests/test_hub_end_to_end.py",)),
+    Mutation("replan-retries-failed-models", "hugginggpt/choose.py",
+             "            failed = frozenset(state.failed_models)",
+             "            failed = frozenset()",
+             ("tests/test_replan.py",)),
+    Mutation("shared-threads-uncapped", "hugginggpt/scheduler.py",
+             "            if self._running >= self._limit:",
+             "            if False:",
+             ("tests/test_scheduler.py",)),
+    Mutation("backlog-never-drained", "hugginggpt/scheduler.py",
+             "                following = self._backlog.popleft() if self._backlog and not self._closed else None",
+             "                following = None",
+             ("tests/test_scheduler.py",)),
+    Mutation("streamed-llm-pieces-dropped", "hugginggpt/llm.py",
+             "                if piece:\n                    chunks.append(piece)",
+             "                if piece and False:\n                    chunks.append(piece)",
+             ("tests/test_plan_streaming.py",)),
+    Mutation("models-search-box-unescaped", "hugginggpt/web/index.html",
+             "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${esc(c.id)}</b>",
+             "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${c.id}</b>",
+             ("tests/test_web.py::test_the_models_box_searches_the_catalog_and_shows_cards_safely",)),
 )
-
 
 
 def run(m: Mutation, timeout: float) -> tuple[str, float]:

@@ -61,9 +61,13 @@ def score(f: Factors, w: Weights) -> float:
             + w.latency * f.latency + w.availability * f.availability - w.health * f.health)
 
 
+FACTORS = tuple(f.name for f in fields(Factors))
+
+
 def contributions(f: Factors, w: Weights) -> dict[str, float]:
-    sign = {"health": -1.0}
-    return {k: sign.get(k, 1.0) * getattr(w, k) * v for k, v in asdict(f).items()}
+    """What each factor adds to the score (health takes away). Plain attribute reads: this runs for every
+    candidate of every selection, and `asdict` deep-copies."""
+    return {k: (-1.0 if k == "health" else 1.0) * getattr(w, k) * getattr(f, k) for k in FACTORS}
 
 
 def explain(best: Factors, runner_up: Factors | None, w: Weights) -> str:

@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from .scoring import AVAILABILITY, SIZE_REFERENCE_MB, Factors, Weights, explain,
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+ROW_CACHE = 50_000  # decoded rows kept for searches (a few KB each at most)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS models(
@@ -173,6 +174,7 @@ class CatalogStore:
         self._r = self._connect()
         self.health = Health(self._w, self._wlock, half_life_hours=self.weights.health_half_life_hours)
         self._view: IndexView | None = None
+        self._rows: dict[int, dict[str, Any]] = {}  # decoded rows searches read (see `_fetch`)
         self._manifest_mtime: float | None = None
         self._checked = 0.0
         if embedder is not None:
@@ -251,6 +253,7 @@ class CatalogStore:
             self._depth -= 1
             if self._depth == 0:
                 self._w.execute("COMMIT")
+                self._rows.clear()  # what a search read before may have changed
 
     def _bump(self, tasks: Iterable[str]) -> None:
         for task in set(tasks):
@@ -462,6 +465,7 @@ class CatalogStore:
         if mtime != self._manifest_mtime:
             self._view = IndexView(self.index_dir, self._read_manifest())
             self._manifest_mtime = mtime
+            self._rows.clear()  # another process (a sync) may have rewritten rows
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
@@ -494,12 +498,19 @@ class CatalogStore:
         return out
 
     def _fetch(self, rowids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
+        """Rows by rowid, decoded; the ones searches read often are kept (until the next write or index swap),
+        so a selection does not query and parse the same few dozen rows on every request."""
+        rows = self._rows
+        out = {r: rows[r] for r in map(int, rowids) if r in rows}
+        missing = [int(r) for r in rowids if int(r) not in out]
         with self._rlock:
-            for i in range(0, len(rowids), 500):
-                chunk = [int(x) for x in rowids[i:i + 500]]
+            for i in range(0, len(missing), 500):
+                chunk = missing[i:i + 500]
                 q = f"SELECT rowid, {', '.join(COLUMNS)} FROM models WHERE rowid IN ({','.join('?' * len(chunk))})"
                 out.update({r[0]: _decode(r[1:]) for r in self._r.execute(q, chunk)})
+        if len(rows) > ROW_CACHE:
+            rows.clear()
+        rows.update((r, out[r]) for r in missing if r in out)
         return out
 
     def search(self, task: str, text: str = "", *, limit: int = 10, query_vector: np.ndarray | None = None,
@@ -585,7 +596,7 @@ class CatalogStore:
         out.sort(key=lambda c: -c.score)
         for i, c in enumerate(out[:limit]):  # the reason names what put each one ahead of the next
             nxt = out[i + 1].factors if i + 1 < len(out) else None
-            out[i] = Candidate(**{**c.__dict__, "reason": explain(c.factors, nxt, w)})
+            out[i] = replace(c, reason=explain(c.factors, nxt, w))
         return out[:limit]
 
     def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard | None = None) -> Candidate:
