@@ -6,7 +6,7 @@ The margin is tuned on the even-numbered cases (the smallest margin at which eve
 LLM is right) and reported on the odd-numbered, held-out ones. With --config the LLM of that config really
 chooses for `llm` and for the cases `auto` defers; without it those choices are reported as not measured.
 
-    python bench/choose_model.py [--config configs/config.local.yaml]
+    python bench/choose_model.py [--config configs/config.local.yaml] [--store]
 """
 
 from __future__ import annotations
@@ -26,10 +26,17 @@ CANDIDATES = 5
 CHOICE_TOKENS = 200  # a choice is a short JSON object; a base model left alone talks until its context is full
 
 
-def rank_cases(ranker, catalog) -> list[dict]:
+def rank_cases(ranker, catalog, store=None) -> list[dict]:
+    """store: rank through the catalog store, as the server does once it is warm (the factors and weights of
+    catalog/scoring.py over the curated rows), instead of the semantic ranker over the catalog in memory."""
     rows = []
     for task, text, expected in CASES:
-        ranked = catalog.ranked(RankQuery(task=task, text=text), ranker, CANDIDATES)  # as select.py asks
+        query = RankQuery(task=task, text=text)
+        if store is not None:
+            ranked = [(c.card, c.score) for c in store.search(task, text, limit=CANDIDATES,
+                                                                query_vector=ranker.query_vectors([query])[0])]
+        else:
+            ranked = catalog.ranked(query, ranker, CANDIDATES)  # as select.py asks
         rows.append({"task": task, "text": text, "expected": expected, "ids": [c.id for c, _ in ranked],
                      "lead": ranked[0][1] - ranked[1][1] if len(ranked) > 1 else 1.0})
     return rows
@@ -63,12 +70,23 @@ def llm_choice(config_path: str | None):
     return choose
 
 
-def main(config_path: str | None) -> None:
+def main(config_path: str | None, through_store: bool = False) -> None:
     from hugginggpt.config import Config
 
     catalog = Catalog.load(ROOT / "data" / "p0_models.jsonl")
     ranker = SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
-    rows = rank_cases(ranker, catalog)
+    store = None
+    if through_store:
+        import tempfile
+
+        from hugginggpt.catalog.embedders import SemanticEmbedder
+        from hugginggpt.catalog.store import CatalogStore
+
+        ranker.warm(catalog.cards)
+        store = CatalogStore.open(Path(tempfile.mkdtemp(prefix="choose-store-")) / "catalog.sqlite",
+                                  SemanticEmbedder.from_ranker(ranker, catalog.cards), curated=catalog.path)
+        print("ranking through the catalog store (as the server does once warm)")
+    rows = rank_cases(ranker, catalog, store)
     tune, held = rows[0::2], rows[1::2]
     margin = tune_margin(tune)
     choose = llm_choice(config_path)
@@ -111,4 +129,6 @@ def main(config_path: str | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="let this config's LLM choose where a setting asks the LLM")
-    main(parser.parse_args().config)
+    parser.add_argument("--store", action="store_true", help="rank through the catalog store, as the server does")
+    args = parser.parse_args()
+    main(args.config, args.store)
