@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,36 +16,21 @@ from hugginggpt.modelhost.discover import Discovery, DiscoveryPolicy
 from hugginggpt.modelhost.engine import LocalEngine
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import Registry
-from tests.conftest import ROOT, free_port, make_public
+from tests.conftest import make_public
 from tests.fakes.hub_repo import FakeHubServer
 from tests.test_discover import NER, add_repos, tiny_files
+from tests.test_models_server import start_models_server
 from tests.tiny_models import token_classifier
 
 
 def start_discovering_server(folder: Path, hub_url: str, extra: list[str]) -> tuple[subprocess.Popen, str, Path]:
     """models_server.py with HF_ENDPOINT at the fake Hub and its own HF_HOME; returns once /running answers."""
-    port = free_port()
-    public = make_public(folder / "public")
-    lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {folder / 'models'}",
-             "local_deployment: minimal", "device: cpu", "huggingface: {token: null}",
-             f"local_inference_endpoint: {{host: 127.0.0.1, port: {port}}}", *extra]
-    config = folder / "models.yaml"
-    config.write_text("\n".join(lines) + "\n")
-    log_path = folder / "models.log"
+    folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k != "HUGGINGFACE_ACCESS_TOKEN"}
     env.update(HF_ENDPOINT=hub_url, HF_HOME=str(folder / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config)],
-                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, cwd=folder, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if requests.get(url + "/running", timeout=1).ok:
-                return proc, url, log_path
-        except requests.RequestException:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the models server did not start:\n{log_path.read_text()[-3000:]}")
+    proc, url = start_models_server(folder, folder / "models", make_public(folder / "public"), deployment="minimal",
+                                    extra=("huggingface: {token: null}", *extra), env=env)
+    return proc, url, proc.log_path
 
 
 @pytest.fixture(scope="module")

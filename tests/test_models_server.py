@@ -21,8 +21,10 @@ from tests.tiny_models import build_all
 
 def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
                         budget_gb: float | None = None, device: str = "cpu", token: str | None = None,
-                        engine: str = "flask", replicas: int = 1) -> tuple[subprocess.Popen, str]:
-    """The real models_server.py on a free loopback port; returns once /running answers."""
+                        engine: str = "flask", replicas: int = 1, extra: tuple[str, ...] = (),
+                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The real models_server.py on a free loopback port; returns once /running answers. `extra`: more config
+    lines; `env`: its environment. The log is at `proc.log_path`."""
     port = free_port()
     lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {models_dir}",
              f"local_deployment: {deployment}", f"device: {device}", "openai: {api_key: unused}",
@@ -31,12 +33,14 @@ def start_models_server(folder: Path, models_dir: Path, public: Path, deployment
         lines.append(f"memory_budget_gb: {budget_gb}")
     if token:
         lines.append(f"models_server_token: {token}")
+    lines += extra
     config = folder / f"models-{port}.yaml"
     config.write_text("\n".join(lines) + "\n")
     log_path = folder / f"models-{port}.log"
     proc = subprocess.Popen([sys.executable, str(ROOT / "models_server.py"), "--config", str(config), "--engine",
                              engine, "--replicas", str(replicas)], stdout=log_path.open("w"),
-                            stderr=subprocess.STDOUT, cwd=folder)
+                            stderr=subprocess.STDOUT, cwd=folder, env=env)
+    proc.log_path = log_path  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + 180
