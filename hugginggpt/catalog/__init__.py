@@ -1,7 +1,9 @@
 """The model catalog: which models can do a task, and how they are ranked for a request.
 
-`cards` holds the curated catalog and the keyword ranker (always available); `semantic` layers sentence
-embeddings on top when their model is installed.
+`cards` holds the curated catalog and the keyword ranker (always available); `embedding` and `semantic` layer
+sentence embeddings on top when their model is installed. `store` keeps the Hub's models (filled by `sync`
+through `hub_api`) with their vectors, `scoring` weighs meaning, popularity, size, latency, availability and
+`health` (every model run, kept across restarts).
 """
 
 from .cards import (
