@@ -95,12 +95,13 @@ class HuggingGPT:
     def open_catalog_store(self) -> None:
         """The Hub catalog (`catalog_store`, with the curated rows imported): selection ranks from it, every
         model run is recorded in its health table, and `catalog_refresh_hours` keeps it synced."""
-        from .catalog.embedders import SemanticEmbedder
+        from .catalog.embedders import HashEmbedder, SemanticEmbedder
         from .catalog.store import open_store
 
+        # the ranker's own sentence vectors (reused for the curated cards); without its model, hashed words
         semantic = hasattr(self.ranker, "card_vector")
         store = open_store(self.config, SemanticEmbedder.from_ranker(self.ranker, self.catalog.cards) if semantic
-                           else None)
+                           else HashEmbedder())
         self.catalog_store = store
         self.executor.health = store.health
         self.selector.use_store(store)
