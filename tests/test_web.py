@@ -219,3 +219,12 @@ def test_the_models_box_searches_the_catalog_and_shows_cards_safely(server, page
     page.click("#catalog-search button")
     page.wait_for_function("document.querySelector('#catalog-results').textContent.includes('unknown task')")
     assert page.locator("#catalog-results img").count() == 0  # the error is shown as text
+    # a card from a hostile Hub listing: its id and task are shown as text, never run as markup
+    hostile = '<img src=x onerror="document.title=1">'
+    page.route("**/models/search*", lambda route: route.fulfill(json=[
+        {"id": hostile, "task": hostile, "downloads": 1, "likes": 1, "score": 0.5}]))
+    page.fill("#catalog-task", "")
+    page.click("#catalog-search button")
+    page.wait_for_selector("#catalog-results .card", timeout=5000)
+    assert page.locator("#catalog-results img").count() == 0
+    assert page.locator("#catalog-results .card b").inner_text() == hostile
