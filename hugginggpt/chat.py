@@ -59,7 +59,8 @@ class HuggingGPT:
         self.url_policy = config.url_policy()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
                                        config.task_timeout, token=config.models_server_token, policy=self.url_policy,
-                                       max_output_bytes=config.max_output_bytes, copy_timeout=config.fetch_timeout * 4)
+                                       max_output_bytes=config.max_output_bytes, copy_timeout=config.fetch_timeout * 4,
+                                       connections=2 * config.max_concurrent_requests)
         self.backends: dict[str, Backend] = backends if backends is not None else self._default_backends()
         self.replanner = Replanner(config.max_replans)
         self.planner = Planner(config, self.prompts, self.replanner)

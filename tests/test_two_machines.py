@@ -133,3 +133,23 @@ def test_a_result_url_is_fetched_under_the_url_policy(tmp_path, llm):
         rogue_srv.stop()
         inner.stop()
 
+
+
+def test_many_calls_at_once_reuse_their_connections(models, models_server, public_dir, caplog):
+    """The client keeps as many connections as requests in flight: none is closed and reopened per call (a pool
+    of 10 under 30 calls at once logs 'Connection pool is full, discarding connection' and costs a connect)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+
+    model = "dslim/bert-base-NER"
+    models.delays[model] = 0.2
+    client = LocalModelsServer(models_server[1], public_dir, connections=64)
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+    with ThreadPoolExecutor(30) as pool:
+        results = list(pool.map(lambda _: client.infer(model, TaskInputs(task="token-classification", text="Anna")),
+                                range(60)))
+    assert all("error" not in r for r in results)
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]

@@ -411,6 +411,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${esc(c.id)}</b>",
              "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${c.id}</b>",
              ("tests/test_web.py::test_the_models_box_searches_the_catalog_and_shows_cards_safely",)),
+    Mutation("models-server-pool-of-ten", "hugginggpt/backends/local.py",
+             "pool_maxsize=max(10, connections)",
+             "pool_maxsize=10",
+             ("tests/test_two_machines.py::test_many_calls_at_once_reuse_their_connections",)),
 )
 
 

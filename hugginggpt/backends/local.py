@@ -30,7 +30,9 @@ class LocalModelsServer:
 
     def __init__(self, base_url: str, public_dir: Path, status_timeout: float = 2.0, task_timeout: float = 300.0,
                  token: str | None = None, policy: UrlPolicy | None = None,
-                 max_output_bytes: int = 200 * 1024 * 1024, copy_timeout: float = 60.0):
+                 max_output_bytes: int = 200 * 1024 * 1024, copy_timeout: float = 60.0, connections: int = 64):
+        """connections: kept-alive connections to the models server, about the requests in flight at once (a
+        smaller pool closes and reopens a connection per call under load, and says so in the log)."""
         self.base_url = base_url.rstrip("/")
         self.public_dir = public_dir
         self.status_timeout = status_timeout
@@ -40,6 +42,9 @@ class LocalModelsServer:
         self.copy_timeout = copy_timeout
         self._http = requests.Session()
         self._http.trust_env = False  # a configured, trusted endpoint: no proxy from the environment
+        adapter = requests.adapters.HTTPAdapter(pool_connections=2, pool_maxsize=max(10, connections))
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
         if token:
             self._http.headers["Authorization"] = f"Bearer {token}"
 
