@@ -175,6 +175,7 @@ class CatalogStore:
         self.health = Health(self._w, self._wlock, half_life_hours=self.weights.health_half_life_hours)
         self._view: IndexView | None = None
         self._rows: dict[int, dict[str, Any]] = {}  # decoded rows searches read (see `_fetch`)
+        self._task_counts: dict[str, int] | None = None
         self._manifest_mtime: float | None = None
         self._checked = 0.0
         if embedder is not None:
@@ -254,6 +255,7 @@ class CatalogStore:
             if self._depth == 0:
                 self._w.execute("COMMIT")
                 self._rows.clear()  # what a search read before may have changed
+                self._task_counts = None
 
     def _bump(self, tasks: Iterable[str]) -> None:
         for task in set(tasks):
@@ -466,6 +468,7 @@ class CatalogStore:
             self._view = IndexView(self.index_dir, self._read_manifest())
             self._manifest_mtime = mtime
             self._rows.clear()  # another process (a sync) may have rewritten rows
+            self._task_counts = None
 
     def _maybe_reload(self) -> None:
         now = time.monotonic()
@@ -476,8 +479,14 @@ class CatalogStore:
     # -- reading ------------------------------------------------------------------------------------
 
     def tasks(self) -> dict[str, int]:
-        with self._rlock:
-            return dict(self._r.execute("SELECT task, count(*) FROM models GROUP BY task").fetchall())
+        """Cards per task; counted once until the next write or index swap (a count over 500k rows is slow)."""
+        self._maybe_reload()
+        counts = self._task_counts
+        if counts is None:
+            with self._rlock:
+                counts = dict(self._r.execute("SELECT task, count(*) FROM models GROUP BY task").fetchall())
+            self._task_counts = counts
+        return dict(counts)
 
     def count(self) -> int:
         with self._rlock:
