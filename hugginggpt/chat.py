@@ -197,7 +197,7 @@ class HuggingGPT:
             new = self.replanner.ask(state, state.planner_messages, state.plan_reply,
                                      f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
                                      finished, max(results) + 1, self.planner.chat_kwargs())
-            if new is None or invalid_tasks(new):
+            if new is None or invalid_tasks(new) or len(new.tasks) > self.config.max_tasks:
                 return
             for task in new.tasks:
                 control_task_fixup(task)

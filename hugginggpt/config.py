@@ -45,7 +45,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
-        "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens",
+        "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens", "max_tasks",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours")},
 }
@@ -137,6 +137,7 @@ class Config:
     cache_dir: Path = Path(".cache")
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
     planner_max_tokens: int | None = None  # cap on the plan's length (a small model under a grammar may not stop)
+    max_tasks: int = 32  # a plan with more tasks is refused at once (a runaway chain would hold the request)
     stream_plan: bool = True  # read the plan as it streams and start final tasks at once
     max_replans: int = 1  # planner calls allowed to recover from an invalid plan or tasks that failed everywhere
     choose_model: str = "auto"  # llm | ranking | auto (ask the LLM only when the top candidates are close)
@@ -397,6 +398,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         max_replans=_typed(data, "max_replans", int, 1, path),
         stream_plan=_typed(data, "stream_plan", bool, True, path),
         planner_max_tokens=_positive(data, "planner_max_tokens", 0, path) or None,
+        max_tasks=_positive(data, "max_tasks", 32, path),
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
         discovered_models=_choice(data, "discovered_models", ("hosted", "local", "off"), "hosted", path),

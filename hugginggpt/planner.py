@@ -24,6 +24,10 @@ from .select import control_task_fixup
 log = logging.getLogger(__name__)
 
 
+class PlanTooLarge(Exception):
+    """The plan has more tasks than `max_tasks`: refused at once, with a message for the user."""
+
+
 class TaskSink(Protocol):
     """Where the streamed plan's final tasks go before the whole plan is read (selection and execution)."""
 
@@ -57,14 +61,16 @@ class Planner:
 
     def plan(self, state: RequestState, sink: TaskSink | None = None) -> Planned:
         """The plan, announced with a `plan` event; with a sink, final tasks are started as they stream."""
-        early = EarlyTasks(sink.start) if sink is not None else None
+        early = EarlyTasks(sink.start, self.config.max_tasks) if sink is not None else None
         if early is not None:
             state.hold_events()  # task events wait until the whole plan is announced, as without streaming
         plan: Plan | None = None
         try:
             plan = self._read(state, early, sink)
+        except PlanTooLarge as exc:
+            return Planned(reply=str(exc))
         finally:
-            if plan is None:  # an error or a conversational answer: nothing the stream started may run
+            if plan is None:  # an error, a refusal or a conversational answer: nothing the stream started may run
                 self._drop(state, sink, early)
         if plan is None:
             return Planned(reply=self.chitchat(state))
@@ -90,6 +96,7 @@ class Planner:
         except PlanParseError as exc:
             log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
             return None
+        self._check_size(plan)
         problems = invalid_tasks(plan)
         if early is not None and early.started:
             differs = [t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
@@ -104,6 +111,7 @@ class Planner:
             better = self.replanner.ask(state, messages, reply, reason.capitalize() + ".", frozenset(), 0,
                                         self.chat_kwargs())
             if better is not None and not invalid_tasks(better):
+                self._check_size(better)
                 self.replanner.record(state, reason, better)
                 plan = better
         for note in plan.notes:
@@ -118,6 +126,12 @@ class Planner:
             if task.id in started:
                 plan.tasks[i] = started[task.id]  # the very object that runs
         return plan
+
+    def _check_size(self, plan: Plan) -> None:
+        if len(plan.tasks) > self.config.max_tasks:
+            raise PlanTooLarge(f"The plan for this request has {len(plan.tasks)} tasks; this server runs at most "
+                               f"{self.config.max_tasks} per request (max_tasks), so nothing was run. Ask for "
+                               "fewer steps at once.")
 
     @staticmethod
     def _drop(state: RequestState, sink: TaskSink | None, early: EarlyTasks | None) -> None:

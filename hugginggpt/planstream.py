@@ -61,9 +61,11 @@ class ObjectStream:
 class EarlyTasks:
     """Turns streamed task objects into tasks that can start now, and remembers what it handed on."""
 
-    def __init__(self, on_task: Callable[[Task], None]):
+    def __init__(self, on_task: Callable[[Task], None], limit: int | None = None):
+        """limit: at most this many tasks start early (a runaway plan waits for the full plan, which refuses it)."""
         self.stream = ObjectStream()
         self.on_task = on_task
+        self.limit = limit
         self.started: dict[int, Task] = {}
         self.seen: set[int] = set()
         self.stopped = False  # after anything surprising, the rest waits for the full plan
@@ -73,7 +75,7 @@ class EarlyTasks:
             if self.stopped:
                 return
             task = self._final_task(raw)
-            if task is None:
+            if task is None or (self.limit is not None and len(self.started) >= self.limit):
                 self.stopped = True
                 return
             self.started[task.id] = task

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import requests
@@ -285,3 +286,15 @@ def test_an_unexpected_crash_is_a_json_500_and_the_server_keeps_serving(tmp_path
         assert requests.get(srv.url + "/health", timeout=5).status_code == 200
     finally:
         srv.stop()
+
+
+def test_a_runaway_plan_is_refused_at_once(server, llm, models):
+    chain = [{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}] + [
+        {"task": "image-to-text", "id": i, "dep": [i - 1], "args": {"image": f"<GENERATED>-{i - 1}"}}
+        for i in range(1, 2000)]
+    llm.on("parse_task", json.dumps(chain))
+    started = time.monotonic()
+    resp = server.post("/hugginggpt", {"messages": [{"role": "user", "content": "caption it 2000 times"}]})
+    assert resp.status_code == 200 and "2000 tasks" in resp.json()["message"] and "max_tasks" in resp.json()["message"]
+    assert time.monotonic() - started < 10  # refused when the plan was read, not at the deadline
+    assert len(models.calls) <= 32  # only what the stream had started (max_tasks), and that was cancelled

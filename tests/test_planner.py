@@ -98,3 +98,15 @@ def test_a_planner_error_stops_what_the_stream_started(tmp_path, llm):
     with pytest.raises(LLMError):
         planner.plan(state, sink)
     assert sink.stops == 1
+
+
+def test_a_plan_over_max_tasks_is_refused_at_once_and_what_streamed_is_stopped(tmp_path, llm):
+    chain = [FOX] + [{"task": "image-to-text", "id": i, "dep": [i - 1], "args": {"image": f"<GENERATED>-{i - 1}"}}
+                     for i in range(1, 40)]
+    llm.on("parse_task", json.dumps(chain))
+    planner, state, events = make(tmp_path, llm)
+    sink = RecordingSink()
+    planned = planner.plan(state, sink)
+    assert planned.plan is None and "40 tasks" in planned.reply and "at most 32" in planned.reply
+    assert len(sink.started) <= 32 and sink.stops == 1  # what had started was stopped
+    assert "plan" not in [name for name, _ in events]

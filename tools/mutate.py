@@ -415,6 +415,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "pool_maxsize=max(10, connections)",
              "pool_maxsize=10",
              ("tests/test_two_machines.py::test_many_calls_at_once_reuse_their_connections",)),
+    Mutation("max-tasks-not-checked", "hugginggpt/planner.py",
+             "        if len(plan.tasks) > self.config.max_tasks:",
+             "        if False:",
+             ("tests/test_planner.py", "tests/test_bad_input.py::test_a_runaway_plan_is_refused_at_once")),
+    Mutation("runaway-stream-starts-everything", "hugginggpt/planstream.py",
+             "            if task is None or (self.limit is not None and len(self.started) >= self.limit):",
+             "            if task is None:",
+             ("tests/test_planner.py",)),
 )
 
 
