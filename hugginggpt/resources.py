@@ -88,11 +88,16 @@ def public_file(value: str, public_dir: Path) -> Path:
     if rel.startswith("public/"):
         rel = rel[len("public/") :]
     root = public_dir.resolve()
-    target = (root / rel).resolve()
-    if target != root and root not in target.parents:
-        raise ResourceError(f"path {value!r} points outside public/; use a path like /examples/a.jpg")
-    if not target.is_file():
-        raise ResourceError(f"file not found: {value!r} (paths are relative to public/, e.g. /examples/a.jpg)")
+    shown = value if len(value) <= 200 else value[:200] + "..."
+    try:
+        target = (root / rel).resolve()
+        if target != root and root not in target.parents:
+            raise ResourceError(f"path {shown!r} points outside public/; use a path like /examples/a.jpg")
+        if not target.is_file():
+            raise ResourceError(f"file not found: {shown!r} (paths are relative to public/, e.g. /examples/a.jpg)")
+    except OSError:  # a name too long for the file system, a loop of links: said without the server's own paths
+        raise ResourceError(f"not a usable path: {shown!r} (paths are relative to public/, e.g. /examples/a.jpg)") \
+            from None
     return target
 
 
@@ -135,7 +140,10 @@ def resolve(value: str, public_dir: Path, max_bytes: int, timeout: float, proxy:
     value = value.strip()
     if value.startswith("data:"):
         return decode_data_uri(value, max_bytes)
-    scheme = urlsplit(value).scheme.lower()
+    try:
+        scheme = urlsplit(value).scheme.lower()
+    except ValueError as exc:  # e.g. "http://[::1/a.png": an unclosed IPv6 bracket
+        raise ResourceError(f"not a valid URL ({exc}): {value[:100]!r}") from None
     if scheme in ("http", "https"):
         return fetch_url(value, max_bytes, timeout, proxy, policy)
     if scheme and len(scheme) > 1:

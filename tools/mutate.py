@@ -423,6 +423,22 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            if task is None or (self.limit is not None and len(self.started) >= self.limit):",
              "            if task is None:",
              ("tests/test_planner.py",)),
+    Mutation("thresholds-unchecked", "hugginggpt/modelhost/handlers.py",
+             "        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:",
+             "        if False:",
+             ("tests/test_hostile_bodies.py",)),
+    Mutation("lone-surrogates-reach-the-handlers", "hugginggpt/modelhost/handlers.py",
+             "            value.encode(\"utf-8\")\n        except UnicodeEncodeError as exc:",
+             "            pass\n        except UnicodeEncodeError as exc:",
+             ("tests/test_hostile_bodies.py",)),
+    Mutation("deep-json-is-a-500", "hugginggpt/modelhost/app.py",
+             "        except RecursionError:  # the JSON parser's own limit",
+             "        except ZeroDivisionError:  # the JSON parser's own limit",
+             ("tests/test_hostile_bodies.py",)),
+    Mutation("long-paths-are-a-500", "hugginggpt/resources.py",
+             "    except OSError:  # a name too long for the file system",
+             "    except ZeroDivisionError:  # a name too long for the file system",
+             ("tests/test_hostile_bodies.py",)),
 )
 
 

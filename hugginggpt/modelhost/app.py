@@ -18,7 +18,7 @@ from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
 from .discover import Discovery, DiscoveryRefused
 from .engine import Engine
-from .handlers import Inputs
+from .handlers import MAX_DEPTH, Inputs, check_body
 from .pool import InferenceFailed, ModelUnavailable
 from .registry import Registry
 
@@ -110,9 +110,16 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         spec = registry.get(model_id)
         if spec is None and not discovered(model_id):
             return _error(f"unknown model {model_id!r} at deployment level {registry.deployment!r}; see GET /models", 404)
-        body = request.get_json(silent=True, force=True)
+        try:
+            body = request.get_json(silent=True, force=True)
+        except RecursionError:  # the JSON parser's own limit: thousands of nested brackets
+            return _error(f"the body is nested more than {MAX_DEPTH} levels deep", 400)
         if not isinstance(body, dict):
             return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
+        try:
+            check_body(body)
+        except BadRequest as exc:
+            return _error(str(exc), 400)
         if spec is None:  # a Hub model outside the catalog: judged, then downloaded on first use
             try:
                 spec = discovery.ensure(model_id)

@@ -37,6 +37,13 @@ class Inputs:
             raise BadRequest(f"`{field}` is required and must be a non-empty string")
         return value
 
+    def number(self, field: str, default: float, low: float, high: float) -> float:
+        """An optional numeric field, checked: a string, list, bool, NaN or out-of-range value is a 400."""
+        value = self.body.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise BadRequest(f"`{field}` must be a number from {low:g} to {high:g}, got {str(value)[:40]!r}")
+        return float(value)
+
     def image(self):
         ref = self.body.get("img_url")
         if not isinstance(ref, str) or not ref:
@@ -258,7 +265,7 @@ def canny_control(m: Loaded, i: Inputs) -> Any:
 
     gx, gy = sobel(np.asarray(i.image().convert("L"), dtype="float32"))
     mag = np.hypot(gx, gy)
-    low, high = float(i.body.get("low_threshold", 100)), float(i.body.get("high_threshold", 200))
+    low, high = i.number("low_threshold", 100, 0, 2000), i.number("high_threshold", 200, 0, 2000)
     edges = np.where(mag >= high, 255, np.where(mag >= low, 128, 0)).astype("uint8")
     return i.save_image(Image.fromarray(edges).convert("RGB"))
 
@@ -366,6 +373,28 @@ HANDLERS: dict[str, Handler] = {
     "text-to-speech": text_to_speech,
     "audio-to-audio": audio_to_audio,
 }
+
+
+MAX_DEPTH = 32  # no request body of this protocol nests deeper than a few levels
+
+
+def check_body(value: Any, where: str = "the body", depth: int = 0) -> None:
+    """Refuse what no handler can use before any model runs: lone UTF-16 surrogates (JSON can carry `\\ud800`;
+    nothing downstream encodes it) and nesting deeper than MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"{where} is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_body(key, where, depth + 1)
+            check_body(item, f"`{key}`" if depth == 0 else where, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            check_body(item, where, depth + 1)
 
 
 def handle(task: str, loaded: Loaded, inputs: Inputs) -> Any:
