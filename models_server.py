@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                      max_pixels=config.max_image_pixels, discovery=discovery)
     try:
         return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
-                     port_option="local_inference_endpoint.port")
+                     port_option="local_inference_endpoint.port", limits=config.http_limits())
     finally:
         close = getattr(engine, "close", None)
         if close is not None:

@@ -415,6 +415,19 @@ MUTATIONS: tuple[Mutation, ...] = (
              "pool_maxsize=max(10, connections)",
              "pool_maxsize=10",
              ("tests/test_two_machines.py::test_many_calls_at_once_reuse_their_connections",)),
+    # -- issue 20 (items 2, 6, 7): slow clients, log injection, models server cross-site --------------------
+    Mutation("slow-clients-waitress-connection-limit", "hugginggpt/server.py",
+             "                               connection_limit=connection_limit, asyncore_use_poll=True,",
+             "                               connection_limit=100, asyncore_use_poll=True,",
+             ("tests/test_slow_clients.py",)),
+    Mutation("slow-clients-deadline-restarts-per-byte", "hugginggpt/server.py",
+             "    started = getattr(req, \"started\", now)\n",
+             "    started = max(getattr(req, \"started\", now), now - 1)\n",
+             ("tests/test_slow_clients.py",)),
+    Mutation("slow-clients-no-sweep", "hugginggpt/server.py",
+             "    guard_slow_clients(server, limits)\n",
+             "",
+             ("tests/test_slow_clients.py",)),
 )
 
 
