@@ -428,6 +428,18 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    guard_slow_clients(server, limits)\n",
              "",
              ("tests/test_slow_clients.py",)),
+    Mutation("log-lines-not-escaped", "hugginggpt/logs.py",
+             "        return escape_controls(super().formatMessage(record))",
+             "        return super().formatMessage(record)",
+             ("tests/test_log_injection.py",)),
+    Mutation("log-escapes-newlines-only", "hugginggpt/logs.py",
+             "_CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]",
+             "_CONTROLS = [0x0A, 0x0D]",
+             ("tests/test_log_injection.py",)),
+    Mutation("log-safe-formatter-not-installed", "hugginggpt/logs.py",
+             "        handler.setFormatter(SafeFormatter(FORMAT))",
+             "        handler.setFormatter(logging.Formatter(FORMAT))",
+             ("tests/test_log_injection.py",)),
 )
 
 
