@@ -48,7 +48,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
-        "http_idle_timeout")},
+        "http_idle_timeout", "models_server_hosts")},
 }
 
 
@@ -155,6 +155,7 @@ class Config:
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
     api_tokens: tuple[str, ...] = ()  # empty: no Authorization required
     models_server_token: str | None = None
+    models_server_hosts: tuple[str, ...] = ()  # names clients use for a models server without a token (Host check)
     cors_origins: tuple[str, ...] = ()  # empty: same origin and localhost only
     upload_quota_bytes: int = 1024 * 1024 * 1024
     max_image_pixels: int = 40_000_000
@@ -406,6 +407,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
                          if not t.startswith(PLACEHOLDER_PREFIX)),
         models_server_token=_secret(_get(data, "models_server_token")) or _secret(env.get("HUGGINGGPT_MODELS_TOKEN")),
         cors_origins=_strings(data, "cors_origins", path),
+        models_server_hosts=_strings(data, "models_server_hosts", path),
         upload_quota_bytes=int(_typed(data, "upload_quota_mb", float, 1024.0, path) * 1024 * 1024),
         max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),
         max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
