@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         host, port = args.host or config.http_host, args.port or config.http_port
         print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.redacted()})", file=sys.stderr, flush=True)
         threads = config.http_threads or config.max_concurrent_requests + 16
-        return serve(create_app(config, engine), host, port, threads=threads)
+        return serve(create_app(config, engine), host, port, threads=threads, limits=config.http_limits())
     from hugginggpt.cli import run_cli, run_text
 
     if args.mode == "text":

@@ -43,6 +43,26 @@ def discovery_of(config, registry, engine: str):
     return discovery
 
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
+def listen_host(config, cli_host: str | None) -> str:
+    """Where to listen: without models_server_token, loopback only unless --host says otherwise (issue 20)."""
+    host = cli_host or config.models_host
+    if config.models_server_token or host in LOOPBACK:
+        return host
+    if cli_host is None:
+        print(f"warning: listening on 127.0.0.1, not {host}, because no models_server_token is set; set "
+              "models_server_token (or HUGGINGGPT_MODELS_TOKEN) here and in the orchestrator's config to open it "
+              f"to the network, or pass --host {host} to open it without one", file=sys.stderr, flush=True)
+        return "127.0.0.1"
+    print(f"warning: listening on {host} without models_server_token: anyone who can reach this port can run "
+          "models (web pages are held back by JSON-only, Origin and Host checks: models_server_hosts lists the "
+          "names clients use); set models_server_token (or HUGGINGGPT_MODELS_TOKEN) here and in the "
+          "orchestrator's config", file=sys.stderr, flush=True)
+    return host
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/config.default.yaml")
@@ -105,17 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     discovery = discovery_of(config, registry, args.engine)
     from hugginggpt.server import serve
 
-    host = args.host or config.models_host
-    if not config.models_server_token and host not in ("localhost", "127.0.0.1", "::1"):
-        print(f"warning: listening on {host} without models_server_token: anyone who can reach this port can run "
-              "models; set models_server_token (or HUGGINGGPT_MODELS_TOKEN) here and in the orchestrator's config",
-              file=sys.stderr, flush=True)
+    host = listen_host(config, args.host)
     signal.signal(signal.SIGTERM, _stop)  # SIGTERM ends like Ctrl-C, so the engine (Ray too) shuts down
     app = create_app(engine, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
-                     max_pixels=config.max_image_pixels, discovery=discovery)
+                     max_pixels=config.max_image_pixels, discovery=discovery, listen_host=config.models_host,
+                     hosts=config.models_server_hosts)
     try:
         return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
-                     port_option="local_inference_endpoint.port")
+                     port_option="local_inference_endpoint.port", limits=config.http_limits())
     finally:
         close = getattr(engine, "close", None)
         if close is not None:

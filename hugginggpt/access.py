@@ -47,3 +47,62 @@ def send_public_file(public_dir: Path, relative: str) -> Response:
     resp = send_file(path, conditional=True, max_age=0)
     resp.headers["X-Content-Type-Options"] = "nosniff"
     return resp
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain", "ip6-localhost"})
+ANY_ADDRESS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def host_name(host_header: str | None) -> str:
+    """The name in a `Host` header, lower case, without its port or a trailing dot ('' when absent)."""
+    host = (host_header or "").strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def is_ip_literal(name: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def allowed_host_names(listen_host: str | None, extra: Iterable[str] = ()) -> frozenset[str]:
+    """Names a client may put in `Host` when it reaches this server: loopback, the listen address when it is a
+    name, this machine's own name, and `extra` (e.g. `models_server_hosts`). IP literals are always accepted
+    (DNS rebinding needs a name)."""
+    import socket
+
+    names = set(LOOPBACK_NAMES) | {host_name(e) for e in extra if e}
+    if listen_host and listen_host not in ANY_ADDRESS:
+        names.add(host_name(listen_host))
+    try:
+        names.add(socket.gethostname().lower())
+    except OSError:  # pragma: no cover
+        pass
+    return frozenset(names)
+
+
+def host_allowed(host_header: str | None, allowed: frozenset[str]) -> bool:
+    name = host_name(host_header)
+    return bool(name) and (name in allowed or is_ip_literal(name))
+
+
+def origin_is_local_or_same(origin: str, host_header: str | None) -> bool:
+    """A browser `Origin` this server may serve without a token: its own origin or a loopback page."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(origin.strip())
+        name = (parts.hostname or "").lower()
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not name:
+        return False
+    return name in ("localhost", "127.0.0.1", "::1") or parts.netloc.lower() == (host_header or "").strip().lower()

@@ -47,7 +47,8 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens", "max_tasks",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
-        "catalog_refresh_hours")},
+        "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
+        "http_idle_timeout", "models_server_hosts")},
 }
 
 
@@ -145,11 +146,17 @@ class Config:
     structured_output: str = "auto"  # auto | on | off: JSON-schema-constrained plans where the backend allows
     max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
     http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
+    # slow clients (both servers): open connections, and total deadlines for a request to arrive (issue 20)
+    http_connection_limit: int = 1000
+    http_header_timeout: float = 10.0  # first byte (or accept) to the end of the headers
+    http_read_timeout: float = 120.0  # first byte to the end of the body
+    http_idle_timeout: float = 60.0  # a keep-alive connection with nothing in progress
     # deployment and access control (see README "Deploying it")
     url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
     api_tokens: tuple[str, ...] = ()  # empty: no Authorization required
     models_server_token: str | None = None
+    models_server_hosts: tuple[str, ...] = ()  # names clients use for a models server without a token (Host check)
     cors_origins: tuple[str, ...] = ()  # empty: same origin and localhost only
     upload_quota_bytes: int = 1024 * 1024 * 1024
     max_image_pixels: int = 40_000_000
@@ -170,6 +177,12 @@ class Config:
     @property
     def models_server_url(self) -> str:
         return f"http://{self.models_host}:{self.models_port}"
+
+    def http_limits(self):
+        from .server import HttpLimits
+
+        return HttpLimits(connection_limit=self.http_connection_limit, header_timeout=self.http_header_timeout,
+                          read_timeout=self.http_read_timeout, idle_timeout=self.http_idle_timeout)
 
     def url_policy(self):
         from .urlpolicy import UrlPolicy
@@ -223,6 +236,13 @@ def _positive(data: dict, key: str, default: int, path: Path) -> int:
     if value < 0 or (value == 0 and key in data):
         raise ConfigError(f"{path}: `{key}` must be a positive whole number, got {value!r}")
     return value
+
+
+def _seconds(data: dict, key: str, default: float, path: Path) -> float:
+    value = _get(data, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise ConfigError(f"{path}: `{key}` must be a number of seconds above 0 (default {default:g})")
+    return float(value)
 
 
 def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: Path) -> str:
@@ -388,6 +408,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
                          if not t.startswith(PLACEHOLDER_PREFIX)),
         models_server_token=_secret(_get(data, "models_server_token")) or _secret(env.get("HUGGINGGPT_MODELS_TOKEN")),
         cors_origins=_strings(data, "cors_origins", path),
+        models_server_hosts=_strings(data, "models_server_hosts", path),
         upload_quota_bytes=int(_typed(data, "upload_quota_mb", float, 1024.0, path) * 1024 * 1024),
         max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),
         max_output_bytes=int(_typed(data, "max_output_mb", float, 200.0, path) * 1024 * 1024),
@@ -401,6 +422,10 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         max_tasks=_positive(data, "max_tasks", 32, path),
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
+        http_connection_limit=_positive(data, "http_connection_limit", 1000, path),
+        http_header_timeout=_seconds(data, "http_header_timeout", 10.0, path),
+        http_read_timeout=_seconds(data, "http_read_timeout", 120.0, path),
+        http_idle_timeout=_seconds(data, "http_idle_timeout", 60.0, path),
         discovered_models=_choice(data, "discovered_models", ("hosted", "local", "off"), "hosted", path),
         discovered_authors_allow=_authors(data, "discovered_authors_allow", path),
         discovered_authors_deny=_authors(data, "discovered_authors_deny", path),

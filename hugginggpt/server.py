@@ -11,10 +11,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -259,22 +262,135 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     return app
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """Slow-client defence (issue 20): how long a client may take to send a request, and how many may be open.
+
+    waitress's own `channel_timeout` restarts on every byte, so a client that sends one byte a second keeps a
+    connection for ever; these deadlines count from the first byte of a request (or from the accept, for a
+    connection that sends nothing) and do not restart.
+    """
+
+    connection_limit: int = 1000  # open connections; past it waitress stops accepting until some close
+    header_timeout: float = 10.0  # seconds from a request's first byte (or the accept) to the end of its headers
+    read_timeout: float = 120.0  # seconds from a request's first byte to the end of its body
+    idle_timeout: float = 60.0  # a keep-alive connection with no request in progress and no traffic
+
+
+def _timed_channel_class():
+    """An HTTPChannel whose request parsers remember when their first byte came."""
+    from waitress.channel import HTTPChannel
+    from waitress.parser import HTTPRequestParser
+
+    class TimedParser(HTTPRequestParser):
+        def __init__(self, adj):
+            super().__init__(adj)
+            self.started = time.monotonic()
+
+    class TimedChannel(HTTPChannel):
+        parser_class = TimedParser
+
+        def __init__(self, *args, **kwargs):
+            self.accepted = time.monotonic()
+            super().__init__(*args, **kwargs)
+
+    return TimedChannel
+
+
+def overdue(channel: Any, now: float, limits: HttpLimits) -> str | None:
+    """Why this channel has had its time (a request arriving too slowly), or None."""
+    if channel.requests or channel.will_close:
+        return None  # a request is being served (its own deadlines apply), or it is closing anyway
+    req = channel.request
+    if req is None:
+        fresh = channel.last_activity == channel.creation_time  # not one byte read since the accept
+        accepted = getattr(channel, "accepted", now)
+        if fresh and now - accepted > limits.header_timeout:
+            return f"sent nothing in {limits.header_timeout:g} s"
+        return None
+    started = getattr(req, "started", now)
+    if req.completed:
+        return None
+    if not req.headers_finished and now - started > limits.header_timeout:
+        return f"headers not complete in {limits.header_timeout:g} s (http_header_timeout)"
+    if now - started > limits.read_timeout:
+        return f"request not complete in {limits.read_timeout:g} s (http_read_timeout)"
+    return None
+
+
+def guard_slow_clients(server: Any, limits: HttpLimits) -> None:
+    """Give every listening socket of a waitress server the timed channel and a sweep, once a second, that
+    closes connections whose request has been arriving for longer than the limits allow."""
+    from waitress.server import BaseWSGIServer
+
+    channel_class = _timed_channel_class()
+    listeners = [s for s in getattr(server, "map", {}).values() if isinstance(s, BaseWSGIServer)]
+    for listener in listeners or [server]:
+        listener.channel_class = channel_class
+        idle_sweep = listener.maintenance
+
+        def maintenance(now: float, idle_sweep=idle_sweep, listener=listener) -> None:
+            idle_sweep(now)
+            mono = time.monotonic()
+            closed = 0
+            for channel in list(listener.active_channels.values()):
+                why = overdue(channel, mono, limits)
+                if why:
+                    log.debug("closing the connection from %s: %s", channel.addr, why)
+                    channel.will_close = True
+                    closed += 1
+            if closed:
+                log.info("closed %d slow connection(s) (a request arriving for longer than http_header_timeout "
+                         "or http_read_timeout)", closed)
+
+        listener.maintenance = maintenance
+
+
+def _raise_file_limit(wanted: int) -> int:
+    """Room for `wanted` connections plus the process's own files; returns the connection limit that fits."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + 256
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted
+    return max(16, soft - 256)
+
+
 def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hugginggpt",
-          port_option: str = "http_listen.port") -> int:
+          port_option: str = "http_listen.port", limits: HttpLimits | None = None) -> int:
     """Production WSGI server; each request runs on its own thread with its own state.
 
+    limits: connection limit and read deadlines against slow clients (HttpLimits() when None).
     Returns an exit status: 2 with one line when the address cannot be taken (port in use, no permission).
     """
     from waitress import create_server
 
+    limits = limits or HttpLimits()
+    connection_limit = _raise_file_limit(limits.connection_limit)
+    if connection_limit < limits.connection_limit:
+        print(f"warning: http_connection_limit {limits.connection_limit} lowered to {connection_limit}: the "
+              "process may not open more files (ulimit -n)", file=sys.stderr, flush=True)
     try:
-        server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=1, ident=ident)
+        server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=1, ident=ident,
+                               connection_limit=connection_limit, asyncore_use_poll=True, cleanup_interval=1,
+                               channel_timeout=max(1, math.ceil(limits.idle_timeout)))
     except OSError as exc:
         why = {errno.EADDRINUSE: "is already in use", errno.EACCES: "needs more privileges",
                errno.EADDRNOTAVAIL: "is not an address of this machine"}.get(exc.errno, f"failed ({exc.strerror})")
         print(f"error: {host}:{port} {why}; choose another with --port (or {port_option} in the config)",
               file=sys.stderr)
         return 2
+    guard_slow_clients(server, limits)
     try:
         server.run()
     except KeyboardInterrupt:

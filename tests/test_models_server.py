@@ -335,8 +335,11 @@ def test_bad_requests_get_json_errors(tiny, model, body, status, words):
 
 
 def test_not_json_body(tiny):
-    resp = requests.post(tiny[0] + "/models/dslim/bert-base-NER", data="{oops", timeout=10)
+    resp = requests.post(tiny[0] + "/models/dslim/bert-base-NER", data="{oops",
+                         headers={"Content-Type": "application/json"}, timeout=10)
     assert resp.status_code == 400 and "JSON object" in resp.json()["error"]["message"]
+    # without a token, a body that does not say it is JSON is refused first (issue 20: no simple cross-site POST)
+    assert requests.post(tiny[0] + "/models/dslim/bert-base-NER", data="{oops", timeout=10).status_code == 415
 
 
 def test_one_model_serialises_two_models_overlap(tmp_path):

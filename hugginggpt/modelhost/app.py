@@ -12,7 +12,7 @@ from pathlib import Path
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..access import bearer_ok, send_public_file
+from ..access import allowed_host_names, bearer_ok, host_allowed, host_name, origin_is_local_or_same, send_public_file
 from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
@@ -33,8 +33,15 @@ def _error(message: str, status: int, kind: str | None = None) -> Response:
 
 def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
                token: str | None = None, policy: UrlPolicy | None = None,
-               max_pixels: int = DEFAULT_MAX_PIXELS, discovery: Discovery | None = None) -> Flask:
+               max_pixels: int = DEFAULT_MAX_PIXELS, discovery: Discovery | None = None,
+               listen_host: str | None = None, hosts: tuple[str, ...] = ()) -> Flask:
     """token: every route (files included) needs `Authorization: Bearer <token>` when set.
+
+    Without a token, the server defends itself against web pages in a browser that can reach it (issue 20):
+    a POST must be `application/json` (415; a page cannot send that without a CORS preflight, which this
+    server never answers), a request with an `Origin` other than its own or a loopback page's is refused
+    (403), and the `Host` header must be a loopback name, `listen_host`, this machine's name, an IP literal
+    or one of `hosts` (`models_server_hosts`; 403 otherwise: DNS rebinding).
 
     discovery: Hub models outside the catalog that this server may download and run (`discovered_models:
     local`); None or another mode: an id outside the catalog is unknown, as in JARVIS.
@@ -48,11 +55,25 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     tokens = (token,) if token else ()
+    host_names = allowed_host_names(listen_host, hosts)
 
     @app.before_request
     def authorize() -> Response | None:
-        if tokens and not bearer_ok(request.headers.get("Authorization"), tokens):
-            return _error("this models server needs `Authorization: Bearer <models_server_token>`", 401)
+        if tokens:
+            if not bearer_ok(request.headers.get("Authorization"), tokens):
+                return _error("this models server needs `Authorization: Bearer <models_server_token>`", 401)
+            return None
+        host = request.headers.get("Host")
+        if not host_allowed(host, host_names):
+            return _error(f"this models server does not answer to the host name {host_name(host)[:100]!r}; add it "
+                          "to models_server_hosts in its config (or set models_server_token)", 403)
+        origin = request.headers.get("Origin")
+        if origin is not None and not origin_is_local_or_same(origin, host):
+            return _error("requests from a web page on another site are refused by a models server without "
+                          "models_server_token", 403)
+        if request.method == "POST" and not request.is_json:
+            return _error(f"send the body as JSON with `Content-Type: application/json` (got "
+                          f"{(request.mimetype or 'none')[:100]})", 415)
         return None
 
     @app.after_request
