@@ -85,12 +85,15 @@ class LLMSettings:
     max_retries: int = 3
     max_context_tokens: int | None = None
     trusted: bool = True  # False: the endpoint was named by a request, not by the config
+    url_allowlist: tuple[str, ...] = ()  # the config's url_allowlist: what a request's api_endpoint may reach
 
     def redacted(self) -> dict[str, Any]:
-        """A loggable view: never the key itself."""
+        """A loggable view: never the key itself, nor credentials in the endpoint URL."""
+        from .urlpolicy import redact_url
+
         return {
             "api_type": self.api_type,
-            "endpoint": self.endpoint,
+            "endpoint": redact_url(self.endpoint) if self.endpoint else self.endpoint,
             "model": self.model,
             "api_key": "set" if self.api_key else "unset",
         }
@@ -273,6 +276,7 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
         timeout=_typed(data, "llm_timeout", float, 120.0, path),
         max_retries=_typed(data, "llm_max_retries", int, 3, path),
         max_context_tokens=_get(data, "max_context_tokens"),
+        url_allowlist=_strings(data, "url_allowlist", path),
     )
     if _get(data, "dev", False) or ("local" in data and "openai" not in data and "azure" not in data):
         endpoint = _get(data, "local.endpoint")

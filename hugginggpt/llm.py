@@ -18,10 +18,19 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx2
 import openai
 
 from .config import API_TYPES, LLMSettings
-from .errors import BadRequest, DeadlineExceeded, Forbidden, LLMError
+from .errors import BadRequest, DeadlineExceeded, Forbidden, LLMError, ResourceError
+from .urlpolicy import UrlPolicy, bound_by_deadlines, deadline_scope, redact_url, redact_urls_in
+
+MAX_ENDPOINT_LENGTH = 2048
+# One answer for a request's endpoint that the policy refuses, that does not resolve or that does not accept a
+# connection: which of these it was would tell a client which internal ports are open.
+UNREACHABLE_ENDPOINT = ("the LLM at the request's api_endpoint cannot be reached from this server (the URL policy "
+                        "refuses loopback, private and link-local addresses unless url_allowlist names them, and "
+                        "the address must accept connections)")
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,50 @@ def normalize_endpoint(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
+def check_request_endpoint(url: Any) -> str:
+    """A request's api_endpoint, well formed (400 with a one-line reason otherwise)."""
+    if not isinstance(url, str):
+        raise BadRequest("api_endpoint must be a string URL")
+    if len(url) > MAX_ENDPOINT_LENGTH:
+        raise BadRequest(f"api_endpoint is longer than {MAX_ENDPOINT_LENGTH} characters")
+    url = url.strip()
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise BadRequest("api_endpoint must not contain spaces or control characters")
+    if not url.isascii():
+        raise BadRequest("api_endpoint must be ASCII (write an international domain name in its xn-- form)")
+    if not re.match(r"^https?://", url, re.IGNORECASE):
+        raise BadRequest("api_endpoint must be an http(s) URL")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise BadRequest(f"api_endpoint is not a valid URL ({str(exc).splitlines()[0][:80]})") from None
+    if not parts.hostname:
+        raise BadRequest("api_endpoint has no host")
+    if port == 0:
+        raise BadRequest("api_endpoint has an invalid port")
+    if parts.username is not None or parts.password is not None:
+        raise BadRequest("api_endpoint must not carry credentials; send the key as api_key")
+    return url
+
+
+def _check_reachable_by_policy(endpoint: str, allowlist: tuple[str, ...]) -> None:
+    """A request-chosen endpoint passes the same outbound URL policy as any URL a request names."""
+    try:
+        UrlPolicy.from_entries(allowlist).check(endpoint)
+    except ResourceError:
+        raise LLMError(UNREACHABLE_ENDPOINT) from None
+
+
+def check_api_key(key: Any) -> None:
+    """A key goes into an HTTP header: printable ASCII only (a pasted key often brings curly quotes)."""
+    if not isinstance(key, str):
+        raise BadRequest("api_key must be a string")
+    if any(not (0x20 < ord(c) < 0x7F) for c in key):
+        raise BadRequest("api_key has characters an HTTP header cannot carry (curly quotes, spaces, non-ASCII "
+                         "letters?); paste the key again as plain text")
+
+
 def with_overrides(
     settings: LLMSettings,
     api_key: str | None = None,
@@ -67,9 +120,11 @@ def with_overrides(
             raise BadRequest(f"api_type must be one of {', '.join(API_TYPES)}, got {api_type!r}")
         changes["api_type"] = api_type
     if api_key is not None:
+        check_api_key(api_key)
         changes["api_key"] = api_key
     own_endpoint = False
     if api_endpoint is not None:
+        api_endpoint = check_request_endpoint(api_endpoint)
         azure = (api_type or settings.api_type) == "azure"
         endpoint = _azure_endpoint(api_endpoint) if azure else normalize_endpoint(api_endpoint)
         configured = settings.endpoint
@@ -80,6 +135,7 @@ def with_overrides(
                 raise Forbidden("this server does not accept `api_endpoint` in requests "
                                 "(allow_request_endpoints is false in its config)")
             own_endpoint = True
+            _check_reachable_by_policy(endpoint, settings.url_allowlist)
             changes.update(endpoint=endpoint, api_key=api_key, trusted=False)
     if model is not None:
         changes["model"] = model
@@ -130,18 +186,16 @@ class LLMClient:
             settings = with_overrides(settings)
         self.settings = settings
         self.schema_format = 0  # index into SCHEMA_FORMATS of the first form not yet rejected
-        http_client = None
-        if proxy:
-            import httpx2  # the SDK's own HTTP stack
-
-            http_client = httpx2.Client(proxy=proxy, timeout=settings.timeout)
+        # The SDK's own HTTP stack, with every read and write bounded by the request's deadline (a peer that
+        # dribbles one byte at a time would otherwise restart the read timeout forever).
+        transport = bound_by_deadlines(httpx2.HTTPTransport(proxy=proxy, limits=openai.DEFAULT_CONNECTION_LIMITS))
+        http_client = httpx2.Client(transport=transport, timeout=settings.timeout, follow_redirects=True)
         common: dict[str, Any] = dict(
             api_key=settings.api_key or "not-needed",
             timeout=settings.timeout,
             max_retries=0,  # we retry ourselves, within the request's deadline (see `_call`)
+            http_client=http_client,
         )
-        if http_client is not None:
-            common["http_client"] = http_client
         if settings.api_type == "azure":
             self._client = openai.AzureOpenAI(
                 azure_endpoint=settings.endpoint,
@@ -155,8 +209,15 @@ class LLMClient:
 
     @property
     def describe(self) -> str:
+        """The backend by its kind, never its URL (which may carry credentials or name an internal host)."""
         s = self.settings
-        return f"{s.api_type} LLM backend ({s.endpoint or 'api.openai.com'}, model {s.model})"
+        where = "the configured LLM" if s.trusted else "the LLM at the request's api_endpoint"
+        return f"{where} ({s.api_type}, model {s.model})"
+
+    @property
+    def describe_for_log(self) -> str:
+        s = self.settings
+        return f"{self.describe} at {redact_url(s.endpoint or 'https://api.openai.com/v1')}"
 
     def supports_logit_bias(self) -> bool:
         return self.settings.api_type in ("openai", "azure") and _highlight_token_ids(self.settings.model) is not None
@@ -238,6 +299,19 @@ class LLMClient:
         """One call through the SDK's client (its auth, Azure routing, errors, SSE), with plain JSON in and out:
         its typed `create` spends more CPU checking our messages and building a model per streamed chunk than
         the rest of a request does (bench/load.py)."""
+        with deadline_scope(deadline):
+            try:
+                return self._request_within(path, body, on_token, timeout, deadline, text_of, piece_of)
+            except httpx2.TimeoutException:
+                if deadline is not None and time.monotonic() >= deadline - 0.05:
+                    raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline "
+                                           "passed") from None
+                raise LLMError(f"{self.describe} stopped writing for {timeout:.0f}s") from None
+            except httpx2.TransportError as exc:
+                raise LLMError(f"{self.describe} broke off its answer ({exc.__class__.__name__})") from None
+
+    def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float, deadline: float | None,
+                        text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any]) -> str:
         options = {"timeout": timeout}
         if on_token is None:
             resp = self._client.post(path, body=body, cast_to=object, options=options)
@@ -292,6 +366,8 @@ class LLMClient:
                 wait = _backoff(tries)
             except openai.APIConnectionError:
                 if tries >= self.settings.max_retries:
+                    if not self.settings.trusted:
+                        raise LLMError(UNREACHABLE_ENDPOINT) from None
                     raise LLMError(f"{self.describe} is unreachable (connection failed)") from None
                 wait = _backoff(tries)
             except _NotOpenAI:
@@ -305,7 +381,7 @@ class LLMClient:
             tries += 1
             if deadline is not None and time.monotonic() + wait >= deadline:
                 raise DeadlineExceeded(f"{self.describe} kept failing until the request's deadline")
-            log.info("%s: retrying in %.1fs (attempt %d of %d)", self.describe, wait, tries + 1,
+            log.info("%s: retrying in %.1fs (attempt %d of %d)", self.describe_for_log, wait, tries + 1,
                      self.settings.max_retries + 1)
             time.sleep(wait)
 
@@ -322,7 +398,7 @@ class LLMClient:
         key = self.settings.api_key
         if key and len(key) >= 4:
             text = text.replace(key, "***")
-        return re.sub(r"sk-[A-Za-z0-9_\-*]{6,}", "sk-***", text)
+        return redact_urls_in(re.sub(r"sk-[A-Za-z0-9_\-*]{6,}", "sk-***", text))
 
 
 # The ways OpenAI-compatible servers take a JSON schema, tried in order until one is accepted: OpenAI, Azure,

@@ -10,14 +10,21 @@ models server, hosted inference) never pass through here: they are trusted.
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
+import re
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+import httpcore2
 import urllib3
+import urllib3.connection
 
 from .errors import ResourceError
 
@@ -29,6 +36,41 @@ MAX_REDIRECTS = 5
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+_SECRET_PARAM = re.compile(r"key|token|secret|sig|signature|password|passwd|pwd|auth|credential|session|code",
+                           re.IGNORECASE)
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to show anywhere (errors, events, logs): userinfo and token-like query values are `***`."""
+    text = str(url)
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    end = len(rest)
+    for mark in "/?#":
+        at = rest.find(mark)
+        if at != -1:
+            end = min(end, at)
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        authority = "***@" + authority.rsplit("@", 1)[1]
+    if "?" in tail:
+        path, _, query = tail.partition("?")
+        query, hash_sep, fragment = query.partition("#")
+        pairs = []
+        for pair in query.split("&"):
+            name, eq, value = pair.partition("=")
+            pairs.append(f"{name}=***" if eq and _SECRET_PARAM.search(name) else pair)
+        tail = f"{path}?{'&'.join(pairs)}{hash_sep}{fragment}"
+    return f"{scheme}://{authority}{tail}"
+
+
+def redact_urls_in(text: str) -> str:
+    """Every URL inside a message, redacted (see `redact_url`)."""
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), str(text))
 
 
 class URLRefused(ResourceError):
@@ -129,16 +171,16 @@ class UrlPolicy:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https"):
-            raise URLRefused(f"refusing {url!r}: only http(s) URLs can be fetched")
+            raise URLRefused(f"refusing {redact_url(url)!r}: only http(s) URLs can be fetched")
         if parts.username is not None or parts.password is not None:
-            raise URLRefused(f"refusing {url!r}: credentials in URLs are not accepted")
+            raise URLRefused(f"refusing {redact_url(url)!r}: credentials in URLs are not accepted")
         try:
             port = parts.port or (443 if scheme == "https" else 80)
         except ValueError:
-            raise URLRefused(f"refusing {url!r}: invalid port") from None
+            raise URLRefused(f"refusing {redact_url(url)!r}: invalid port") from None
         host = _canonical_host(parts.hostname or "")
         if not host:
-            raise URLRefused(f"refusing {url!r}: no host")
+            raise URLRefused(f"refusing {redact_url(url)!r}: no host")
         addresses = self.resolver(host, port)
         if not addresses:
             raise ResourceError(f"cannot resolve host {host!r}")
@@ -149,7 +191,7 @@ class UrlPolicy:
                     continue
                 reason = blocked_reason(addr)
                 if reason:
-                    raise URLRefused(f"refusing to fetch {url!r}: {host} resolves to {reason}; "
+                    raise URLRefused(f"refusing to fetch {redact_url(url)!r}: {host} resolves to {reason}; "
                                      "add it to url_allowlist in the config if this is intended")
         target = parts.path or "/"
         if parts.query:
@@ -172,24 +214,35 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
           headers: dict[str, str] | None = None) -> Fetched:
     """GET a user-named URL under the policy, with a size limit and one deadline for the whole fetch."""
     deadline = time.monotonic() + timeout
+    with deadline_scope(deadline) as watch:
+        try:
+            return _fetch(url, policy, max_bytes, timeout, proxy, headers, deadline)
+        except ResourceError:
+            if watch is not None and watch.fired:
+                raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s") from None
+            raise
+
+
+def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: str | None,
+           headers: dict[str, str] | None, deadline: float) -> Fetched:
     for _ in range(MAX_REDIRECTS + 1):
         target = policy.check(url)
         left = deadline - time.monotonic()
         if left <= 0:
-            raise ResourceError(f"fetching {url!r} took longer than {timeout:.0f}s")
+            raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s")
         pool, resp = _open(target, left, proxy, headers or {})
         try:
             if resp.status in (301, 302, 303, 307, 308) and resp.headers.get("Location"):
                 url = urljoin(url, resp.headers["Location"])
                 continue
             if resp.status >= 400:
-                raise ResourceError(f"fetching {target.url!r} failed: HTTP {resp.status}")
+                raise ResourceError(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}")
             return Fetched(_read_limited(resp, target.url, max_bytes, deadline, timeout),
                            (resp.headers.get("Content-Type") or "").split(";")[0].strip(), target.url)
         finally:
             resp.release_conn()
             pool.close()
-    raise ResourceError(f"fetching {url!r}: more than {MAX_REDIRECTS} redirects")
+    raise ResourceError(f"fetching {redact_url(url)!r}: more than {MAX_REDIRECTS} redirects")
 
 
 def _open(target: Target, timeout: float, proxy: str | None,
@@ -201,19 +254,19 @@ def _open(target: Target, timeout: float, proxy: str | None,
             manager = urllib3.ProxyManager(proxy, timeout=limits, retries=False)
             return manager, manager.urlopen("GET", target.url, headers=send, redirect=False, preload_content=False)
         if target.scheme == "https":
-            pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(
+            pool: urllib3.HTTPConnectionPool = WatchedHTTPSConnectionPool(
                 target.address, target.port, timeout=limits, retries=False, maxsize=1,
                 server_hostname=target.host, assert_hostname=target.host, cert_reqs="CERT_REQUIRED")
         else:
-            pool = urllib3.HTTPConnectionPool(target.address, target.port, timeout=limits, retries=False, maxsize=1)
+            pool = WatchedHTTPConnectionPool(target.address, target.port, timeout=limits, retries=False, maxsize=1)
         return pool, pool.urlopen("GET", target.request_target, headers=send, redirect=False,
                                   preload_content=False, assert_same_host=False)
     except urllib3.exceptions.HTTPError as exc:
-        raise ResourceError(f"fetching {target.url!r} failed: {exc.__class__.__name__}") from None
+        raise ResourceError(f"fetching {redact_url(target.url)!r} failed: {exc.__class__.__name__}") from None
 
 
 def _read_limited(resp: urllib3.BaseHTTPResponse, url: str, max_bytes: int, deadline: float, timeout: float) -> bytes:
-    limit_text = f"{url!r} is larger than the {max_bytes // (1024 * 1024)} MiB limit"
+    limit_text = f"{redact_url(url)!r} is larger than the {max_bytes // (1024 * 1024)} MiB limit"
     declared = resp.headers.get("Content-Length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise ResourceError(limit_text)
@@ -224,8 +277,233 @@ def _read_limited(resp: urllib3.BaseHTTPResponse, url: str, max_bytes: int, dead
             if size > max_bytes:
                 raise ResourceError(limit_text)
             if time.monotonic() > deadline:
-                raise ResourceError(f"fetching {url!r} took longer than {timeout:.0f}s")
+                raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s")
             chunks.append(chunk)
     except urllib3.exceptions.HTTPError as exc:
-        raise ResourceError(f"fetching {url!r} failed: {exc.__class__.__name__}") from None
+        raise ResourceError(f"fetching {redact_url(url)!r} failed: {exc.__class__.__name__}") from None
     return b"".join(chunks)
+
+
+# -- total deadlines ------------------------------------------------------------------------------------
+#
+# A socket read timeout restarts on every byte, so a peer that sends one byte (or one SSE comment) every few
+# seconds outlives any per-read timeout. Every outbound call made inside `deadline_scope(d)` must be over by
+# `d` (time.monotonic()), however the peer paces its bytes:
+# - httpx2/httpcore2 (the openai SDK, huggingface_hub): the network backend is pluggable, so each read and
+#   write gets as its timeout the time left until the deadline (`DeadlineBackend`); exact, no extra thread.
+# - urllib3/requests (models server, URL fetches): http.client reads under one socket timeout that cannot be
+#   changed per read, so the connection registers its socket with the scope and one shared watchdog thread
+#   shuts it down (which wakes a blocked recv at once) when the deadline passes.
+
+_scope = threading.local()
+
+
+class _Watch:
+    """The sockets one deadline scope used; shut down when the deadline passes first."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.fired = False
+        self.done = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def register(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            if not self.fired:
+                if sock not in self._sockets:
+                    self._sockets.append(sock)
+                return
+        _shutdown(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self.fired = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _shutdown(sock)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done = True
+            self._sockets = []
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _Watchdog:
+    """One daemon thread for every scope of the process: a heap of deadlines, woken when an earlier one comes."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Watch]] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    def add(self, watch: _Watch) -> None:
+        with self._cond:
+            self._count += 1
+            heapq.heappush(self._heap, (watch.deadline, self._count, watch))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="deadline-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                _, _, watch = heapq.heappop(self._heap)
+            watch.fire()
+
+
+_WATCHDOG = _Watchdog()
+
+
+@contextmanager
+def deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
+    """Outbound I/O of this thread inside the block ends by `deadline` (the earlier one when scopes nest)."""
+    outer = getattr(_scope, "watch", None)
+    if deadline is None:
+        yield outer
+        return
+    if outer is not None and outer.deadline <= deadline:
+        yield outer
+        return
+    watch = _Watch(deadline)
+    _WATCHDOG.add(watch)
+    _scope.watch = watch
+    try:
+        yield watch
+    finally:
+        watch.finish()
+        _scope.watch = outer
+
+
+def current_deadline() -> float | None:
+    watch = getattr(_scope, "watch", None)
+    return watch.deadline if watch is not None else None
+
+
+def _register_socket(sock: socket.socket | None) -> None:
+    watch = getattr(_scope, "watch", None)
+    if watch is not None:
+        watch.register(sock)
+
+
+class _WatchedMixin:
+    """urllib3 connection whose socket is shut down when the thread's deadline scope runs out."""
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        _register_socket(getattr(self, "sock", None))
+        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+class WatchedHTTPConnection(_WatchedMixin, urllib3.connection.HTTPConnection):
+    pass
+
+
+class WatchedHTTPSConnection(_WatchedMixin, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class WatchedHTTPConnectionPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = WatchedHTTPConnection
+
+
+class WatchedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = WatchedHTTPSConnection
+
+
+WATCHED_POOL_CLASSES = {"http": WatchedHTTPConnectionPool, "https": WatchedHTTPSConnectionPool}
+
+
+def watched_adapter(**kwargs: Any) -> Any:
+    """A requests HTTPAdapter whose connections obey `deadline_scope`."""
+    import requests.adapters
+
+    class _Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kw: Any) -> None:
+            super().init_poolmanager(*args, **kw)
+            self.poolmanager.pool_classes_by_scheme = WATCHED_POOL_CLASSES
+
+    return _Adapter(**kwargs)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """Each read/write waits at most until the thread's deadline; past it, a timeout at once."""
+
+    def __init__(self, inner: httpcore2.NetworkStream):
+        self._inner = inner
+
+    @staticmethod
+    def _clamp(timeout: float | None, exc: type[Exception]) -> float | None:
+        deadline = current_deadline()
+        if deadline is None:
+            return timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise exc("the request's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._clamp(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._clamp(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname,
+                                                     self._clamp(timeout, httpcore2.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class DeadlineBackend(httpcore2.NetworkBackend):
+    """httpcore2's network backend, every stream bounded by the thread's `deadline_scope`."""
+
+    def __init__(self, inner: httpcore2.NetworkBackend | None = None):
+        self._inner = inner or httpcore2.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore2.NetworkStream:
+        timeout = _DeadlineStream._clamp(timeout, httpcore2.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def bound_by_deadlines(transport: Any) -> Any:
+    """An httpx2 transport whose connections obey `deadline_scope` (its pool's network backend wrapped)."""
+    pool = getattr(transport, "_pool", None)
+    if pool is not None and hasattr(pool, "_network_backend") and not isinstance(pool._network_backend,
+                                                                                 DeadlineBackend):
+        pool._network_backend = DeadlineBackend(pool._network_backend)
+    return transport

@@ -34,6 +34,7 @@ def other_llm():
 
 def openai_config(tmp_path, llm, models_url, public_dir, **extra):
     """An `openai` backend whose base_url is the scripted LLM, with a real-looking key."""
+    extra.setdefault("url_allowlist", ["127.0.0.1"])  # the other scripted LLM a request names is on loopback
     path = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False, **extra)
     data = yaml.safe_load(path.read_text())
     data.pop("local"), data.pop("dev")
@@ -76,7 +77,8 @@ def test_the_configured_key_goes_only_to_the_configured_endpoint(home, llm, othe
 
 def test_the_azure_key_stays_home_too(tmp_path, llm, other_llm, models_server, public_dir):
     _, models_url = models_server
-    path = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False)
+    path = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                        url_allowlist=["127.0.0.1"])
     data = yaml.safe_load(path.read_text())
     data.pop("local"), data.pop("dev")
     data["azure"] = {"api_key": HOME_KEY, "base_url": llm.base_url, "deployment_name": "gpt", "api_version": "2024-06-01"}

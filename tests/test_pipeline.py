@@ -179,11 +179,15 @@ def test_logit_bias_is_not_sent_to_a_local_backend(server, llm):
     assert "logit_bias" not in llm.stage_requests("parse_task")[-1]["body"]
 
 
-def test_per_request_overrides_reach_another_backend(server, llm, tmp_path):
+def test_per_request_overrides_reach_another_backend(llm, tmp_path, models_server, public_dir):
     from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
 
     other = ScriptedLLM()
     srv = ThreadedServer(other.app()).start()
+    _, models_url = models_server
+    # the other LLM is on loopback: a request may name it only where url_allowlist opens it
+    server = start_server(write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                                       url_allowlist=["127.0.0.1"]), tmp_path)
     try:
         other.on("parse_task", plan(("text-to-image", [-1], {"text": "from the other LLM"})))
         body = ask("draw", api_type="local", api_endpoint=srv.url + "/v1/chat/completions", api_key="k-123")
@@ -192,6 +196,7 @@ def test_per_request_overrides_reach_another_backend(server, llm, tmp_path):
         assert other.requests and not llm.requests
     finally:
         srv.stop()
+        stop_server(server)
 
 
 def test_completion_mode(tmp_path, llm, models_server, public_dir):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import requests
 
 from ..errors import BackendError, ResourceError
 from ..resources import KIND_DIRS, OUTPUT_PATH, extension_for, save_bytes, sniff_mime
-from ..urlpolicy import UrlPolicy, fetch
+from ..urlpolicy import UrlPolicy, deadline_scope, fetch, watched_adapter
 from . import TaskInputs
 from .normalize import FILE_KEYS, normalize
 
@@ -42,7 +43,8 @@ class LocalModelsServer:
         self.copy_timeout = copy_timeout
         self._http = requests.Session()
         self._http.trust_env = False  # a configured, trusted endpoint: no proxy from the environment
-        adapter = requests.adapters.HTTPAdapter(pool_connections=2, pool_maxsize=max(10, connections))
+        # Connections that obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
+        adapter = watched_adapter(pool_connections=2, pool_maxsize=max(10, connections))
         self._http.mount("http://", adapter)
         self._http.mount("https://", adapter)
         if token:
@@ -76,12 +78,17 @@ class LocalModelsServer:
 
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
         url = f"{self.base_url}/models/{model_id}"
-        try:
-            resp = self._http.post(url, json=self.body(model_id, inputs), timeout=self.task_timeout)
-        except requests.Timeout:
-            raise BackendError(f"local models server timed out after {self.task_timeout:.0f}s on {model_id}") from None
-        except requests.RequestException as exc:
-            raise BackendError(f"local models server at {self.base_url} is unreachable ({exc.__class__.__name__})") from None
+        timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
+        # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
+        with deadline_scope(time.monotonic() + self.task_timeout) as watch:
+            try:
+                resp = self._http.post(url, json=self.body(model_id, inputs), timeout=self.task_timeout)
+            except requests.Timeout:
+                raise BackendError(timed_out) from None
+            except requests.RequestException as exc:
+                if watch is not None and watch.fired:
+                    raise BackendError(timed_out) from None
+                raise BackendError(f"the local models server is unreachable ({exc.__class__.__name__})") from None
         try:
             raw = resp.json()
         except ValueError:
@@ -112,7 +119,8 @@ class LocalModelsServer:
             return f"/{folder}/{name}"
         url = f"{self.base_url}/{folder}/{name}"
         try:
-            with self._http.get(url, stream=True, timeout=(self.status_timeout, self.copy_timeout)) as resp:
+            with deadline_scope(time.monotonic() + self.copy_timeout), \
+                    self._http.get(url, stream=True, timeout=(self.status_timeout, self.copy_timeout)) as resp:
                 if resp.status_code != 200:
                     raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status_code}")
                 chunks, size = [], 0

@@ -66,6 +66,7 @@ class ScriptedLLM:
     failure_body: str | None = None  # the body of those failures (default: a JSON error)
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
     stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
+    dribble: float = 0.0  # > 0: answer 200, then one SSE comment (or one space) every `dribble` s, never done
     rejects_schema: bool | set[str] = False  # answer 400 to response_format (True: any; a set: those types)
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
@@ -91,6 +92,7 @@ class ScriptedLLM:
             self.raw_reply = None
             self.rejects_schema = False
             self.stream_delay = 0.0
+            self.dribble = 0.0
 
     def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, float]:
         messages = body.get("messages")
@@ -144,6 +146,17 @@ class ScriptedLLM:
                 resp = jsonify({"error": {"message": "response_format is not supported", "type": "invalid_request"}})
                 resp.status_code = 400
                 return resp
+            if self.dribble:
+                self.requests.append({"stage": "dribbled", "body": body, "time": time.perf_counter(),
+                                      "headers": dict(request.headers)})
+                pause, streaming = self.dribble, bool(body.get("stream"))
+
+                def drip():
+                    ends = time.monotonic() + 30  # a test never waits this long; the thread ends anyway
+                    while time.monotonic() < ends:
+                        yield ": ping\n\n" if streaming else " "
+                        time.sleep(pause)
+                return Response(drip(), mimetype="text/event-stream" if streaming else "application/json")
             if self.raw_reply is not None:
                 self.requests.append({"stage": "raw", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})

@@ -1,0 +1,74 @@
+"""A request's own api_endpoint passes the URL policy; malformed endpoints and keys get a 400 with a reason."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.conftest import free_port, start_server, stop_server, write_config
+
+
+def ask(text: str, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+@pytest.fixture(scope="module")
+def strict(tmp_path_factory, llm_server, models_server, public_dir):
+    """No url_allowlist: loopback endpoints named by a request are refused."""
+    folder = tmp_path_factory.mktemp("strict")
+    _, models_url = models_server
+    srv = start_server(write_config(folder, llm_server.base_url, models_url, public_dir, semantic_ranking=False,
+                                    llm_max_retries=0), folder)
+    yield srv
+    stop_server(srv)
+
+
+def test_a_loopback_endpoint_is_refused_and_open_ports_look_like_closed_ones(strict, llm):
+    with socket.socket() as listener:  # an open port that is not an LLM
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        open_port = listener.getsockname()[1]
+        answers = {}
+        for name, url in {"llm": llm.base_url.replace("127.0.0.1", "localhost") + "/v1", "open": f"http://127.0.0.1:{open_port}/v1",
+                          "closed": f"http://127.0.0.1:{free_port()}/v1", "private": "http://10.1.2.3:8080/v1",
+                          "metadata": "http://169.254.169.254/v1", "mapped": "http://[::ffff:127.0.0.1]:1/v1"}.items():
+            resp = strict.post("/tasks", ask("hi", api_endpoint=url, api_key="k-own"))
+            answers[name] = (resp.status_code, resp.json()["error"]["message"])
+    assert llm.requests == [], "a refused endpoint was called"
+    assert len(set(answers.values())) == 1, answers
+    status, message = answers["llm"]
+    assert status == 502 and "url_allowlist" in message
+    assert strict.post("/tasks", ask("hi")).status_code == 200  # the configured endpoint stays trusted
+
+
+def test_an_allowlisted_endpoint_is_used(tmp_path, llm, models_server, public_dir):
+    _, models_url = models_server
+    srv = start_server(write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                                    url_allowlist=["localhost"]), tmp_path)
+    try:
+        other = llm.base_url.replace("127.0.0.1", "localhost") + "/v1/chat/completions"
+        resp = srv.post("/tasks", ask("hi", api_endpoint=other, api_key="k-own"))
+        assert resp.status_code == 200, resp.text
+        assert {k.lower(): v for k, v in llm.requests[-1]["headers"].items()}["authorization"] == "Bearer k-own"
+    finally:
+        stop_server(srv)
+
+
+@pytest.mark.parametrize("endpoint", ["http://[::1/v1", "http://" + "a" * 1_000_000 + ".example/v1", "http://",
+                                      "http://example.com:99999/v1", "http://a b/v1", "http://exa\u00e9mple.com/v1",
+                                      "http://u:p@example.com/v1", 42, "ftp://example.com/v1"])
+def test_malformed_endpoints_get_a_400_with_a_reason(strict, llm, endpoint):
+    resp = strict.post("/tasks", ask("hi", api_endpoint=endpoint, api_key="k-own"))
+    assert resp.status_code == 400, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    assert "api_endpoint" in message and "\n" not in message and len(message) < 300
+    assert llm.requests == []
+
+
+@pytest.mark.parametrize("key", ["\u201csk-abc123\u201d", "sk-abc\u00e9123", "sk-abc 123", "sk-abc\n123"])
+def test_a_key_a_header_cannot_carry_gets_a_400(strict, llm, key):
+    resp = strict.post("/tasks", ask("hi", api_key=key))
+    assert resp.status_code == 400, resp.text[:300]
+    assert "HTTP header" in resp.json()["error"]["message"]
+    assert llm.requests == []
