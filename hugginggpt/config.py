@@ -71,6 +71,21 @@ def unknown_keys(data: dict) -> list[str]:
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """Slow-client defence (issue 20): how long a client may take to send a request, and how many may be open.
+
+    waitress's own `channel_timeout` restarts on every byte, so a client that sends one byte a second keeps a
+    connection for ever; these deadlines count from the first byte of a request (or from the accept, for a
+    connection that sends nothing) and do not restart.
+    """
+
+    connection_limit: int = 1000  # open connections; past it waitress stops accepting until some close
+    header_timeout: float = 10.0  # seconds from a request's first byte (or the accept) to the end of its headers
+    read_timeout: float = 120.0  # seconds from a request's first byte to the end of its body
+    idle_timeout: float = 60.0  # a keep-alive connection with no request in progress and no traffic
+
+
+@dataclass(frozen=True)
 class LLMSettings:
     """Everything needed to talk to one LLM backend; per-request overrides make a copy."""
 
@@ -181,9 +196,7 @@ class Config:
     def models_server_url(self) -> str:
         return f"http://{self.models_host}:{self.models_port}"
 
-    def http_limits(self):
-        from .server import HttpLimits
-
+    def http_limits(self) -> HttpLimits:
         return HttpLimits(connection_limit=self.http_connection_limit, header_timeout=self.http_header_timeout,
                           read_timeout=self.http_read_timeout, idle_timeout=self.http_idle_timeout)
 

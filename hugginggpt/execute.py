@@ -24,7 +24,7 @@ from .request import RequestState, collect_result
 from .resources import Resource, resolve
 from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
 from .select import Selection
-from .urlpolicy import UrlPolicy
+from .urlpolicy import UrlPolicy, deadline_scope
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class Executor:
                 continue
             started = time.perf_counter()
             try:
-                result = backend.infer(model_id, inputs)
+                with deadline_scope(state.deadline):  # the request's deadline bounds every read of the call
+                    result = backend.infer(model_id, inputs)
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
             self._record(state, model_id, result, time.perf_counter() - started)

@@ -23,6 +23,7 @@ import openai
 
 from .config import API_TYPES, LLMSettings
 from .errors import BadRequest, DeadlineExceeded, Forbidden, LLMError, ResourceError
+from .textsafe import clean_text
 from .urlpolicy import UrlPolicy, bound_by_deadlines, deadline_scope, redact_url, redact_urls_in
 
 MAX_ENDPOINT_LENGTH = 2048
@@ -321,7 +322,7 @@ class LLMClient:
             if not choices:
                 raise LLMError(f"{self.describe} returned no choices")
             first = choices[0] if isinstance(choices[0], dict) else {}
-            return str(text_of(first) or "")
+            return clean_text(str(text_of(first) or ""))
         stream = self._client.post(path, body={**body, "stream": True}, cast_to=object, options=options,
                                    stream=True, stream_cls=openai.Stream[object])
         chunks = []
@@ -333,6 +334,7 @@ class LLMClient:
                 piece = piece_of(choices[0]) if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
                     else None
                 if piece:
+                    piece = clean_text(str(piece))
                     chunks.append(piece)
                     on_token(piece)
         finally:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .textsafe import clean_text
+
 TEXT_TASKS_FOR_LLM = ("summarization", "translation", "conversational", "text-generation", "text2text-generation")
 CONTROLS = ("canny", "hed", "mlsd", "normal", "openpose")
 CONTROL_TEXT_TO_IMAGE = ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")
@@ -265,7 +267,7 @@ def _normalize_args(raw: Any, notes: list[str], tid: Any) -> dict[str, str]:
             continue
         elif not isinstance(value, str):
             value = json.dumps(value) if isinstance(value, dict) else str(value)
-        args[k] = GENERATED_RE.sub(lambda m: f"<GENERATED>-{m.group(1)}", value)
+        args[k] = GENERATED_RE.sub(lambda m: f"<GENERATED>-{m.group(1)}", clean_text(value))
     return args
 
 

@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .access import bearer_ok, bearer_token, send_public_file
 from .chat import ChatRequest, HuggingGPT, RequestState
-from .config import Config
+from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
 from .uploads import UploadStore
 
@@ -260,21 +259,6 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         return send_public_file(public, filename)
 
     return app
-
-
-@dataclass(frozen=True)
-class HttpLimits:
-    """Slow-client defence (issue 20): how long a client may take to send a request, and how many may be open.
-
-    waitress's own `channel_timeout` restarts on every byte, so a client that sends one byte a second keeps a
-    connection for ever; these deadlines count from the first byte of a request (or from the accept, for a
-    connection that sends nothing) and do not restart.
-    """
-
-    connection_limit: int = 1000  # open connections; past it waitress stops accepting until some close
-    header_timeout: float = 10.0  # seconds from a request's first byte (or the accept) to the end of its headers
-    read_timeout: float = 120.0  # seconds from a request's first byte to the end of its body
-    idle_timeout: float = 60.0  # a keep-alive connection with no request in progress and no traffic
 
 
 def _timed_channel_class():

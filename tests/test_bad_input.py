@@ -299,3 +299,15 @@ def test_a_runaway_plan_is_refused_at_once(server, llm, models):
     assert resp.status_code == 200 and "2000 tasks" in resp.json()["message"] and "max_tasks" in resp.json()["message"]
     assert time.monotonic() - started < 10  # refused when the plan was read, not at the deadline
     assert len(models.calls) <= 32  # only what the stream had started (max_tasks), and that was cancelled
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_from_the_llm_is_not_a_5xx(server, llm, models, stream):
+    """JSON from the LLM can carry `\\ud800`; it reaches the models server and the answer as U+FFFD, not a 502."""
+    llm.on("parse_task", json.dumps([{"task": "token-classification", "id": 0, "dep": [-1],
+                                      "args": {"text": "Anna \ud800 lives in Berlin"}}]))
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "tag it"}],
+                                                           "stream": stream}, timeout=30)
+    assert resp.status_code == 200
+    sent = [c["body"]["text"] for c in models.calls if c["model"] == "dslim/bert-base-NER"]
+    assert sent and "\ufffd" in sent[-1] and "\ud800" not in sent[-1]

@@ -404,8 +404,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                following = None",
              ("tests/test_scheduler.py",)),
     Mutation("streamed-llm-pieces-dropped", "hugginggpt/llm.py",
-             "                if piece:\n                    chunks.append(piece)",
-             "                if piece and False:\n                    chunks.append(piece)",
+             "                    chunks.append(piece)\n                    on_token(piece)",
+             "                    on_token(piece)",
              ("tests/test_plan_streaming.py",)),
     Mutation("models-search-box-unescaped", "hugginggpt/web/index.html",
              "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${esc(c.id)}</b>",
@@ -518,6 +518,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        check_api_key(api_key)\n",
              "",
              ("tests/test_request_endpoints.py",)),
+    Mutation("llm-lone-surrogates-passed-on", "hugginggpt/textsafe.py",
+             "    return LONE_SURROGATE.sub(\"\\ufffd\", text)",
+             "    return text",
+             ("tests/test_bad_input.py::test_a_lone_surrogate_from_the_llm_is_not_a_5xx",)),
 )
 
 

@@ -1,0 +1,15 @@
+"""Text from outside (an LLM's reply, a plan it wrote) made safe to pass on.
+
+JSON can carry a lone UTF-16 surrogate (`\\ud800`) that no UTF-8 consumer downstream accepts (the next prompt,
+an event, a log line, the models server's request): such a code point becomes U+FFFD.
+"""
+
+from __future__ import annotations
+
+import re
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    return LONE_SURROGATE.sub("\ufffd", text)
