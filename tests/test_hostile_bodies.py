@@ -159,3 +159,11 @@ def test_at_least_a_hundred_hostile_bodies_get_a_4xx_from_the_orchestrator(serve
                 bad.append((route, str(body)[:80], resp.status_code, "no error message"))
     assert bad == []
     assert requests.get(server.url + "/health", timeout=5).status_code == 200
+
+
+def test_the_models_list_names_no_server_path(models_url):
+    """A client learns why a model cannot be served, not where the server keeps its files."""
+    listing = requests.get(models_url + "/models", timeout=10).json()
+    problems = [m["problem"] for m in listing["models"] if m["problem"]]
+    assert problems and any("local_models_dir/" in p for p in problems)
+    assert not any("no-models" in p or "/tmp/" in p for p in problems)  # the absolute models folder

@@ -522,6 +522,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    return LONE_SURROGATE.sub(\"\\ufffd\", text)",
              "    return text",
              ("tests/test_bad_input.py::test_a_lone_surrogate_from_the_llm_is_not_a_5xx",)),
+    Mutation("models-list-shows-server-paths", "hugginggpt/modelhost/registry.py",
+             "are not in local_models_dir/{spec.weights_from or spec.id}; run ",
+             "are not in {self.models_dir / (spec.weights_from or spec.id)}; run ",
+             ("tests/test_hostile_bodies.py::test_the_models_list_names_no_server_path",)),
 )
 
 

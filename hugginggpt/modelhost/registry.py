@@ -127,12 +127,12 @@ class Registry:
             if why:
                 return f"{spec.id} needs the {module} library, which does not import here ({why}); {hint}"
         if spec.needs_weights and self.weights_path(spec) is None:
-            folder = self.models_dir / (spec.weights_from or spec.id)
             what = ", ".join(spec.files) if spec.files else "weights"
-            return (f"{what} for {spec.id} are not in {folder}; run `python -m hugginggpt.modelhost.download "
+            return (f"{what} for {spec.id} are not in local_models_dir/{spec.weights_from or spec.id}; run "
+                    "`python -m hugginggpt.modelhost.download "
                     f"--deployment {self.deployment}`")
         if spec.base_model and not (self.models_dir / spec.base_model).is_dir():
-            return f"{spec.id} plugs into {spec.base_model}, which is not in {self.models_dir / spec.base_model}"
+            return f"{spec.id} plugs into {spec.base_model}, which is not in local_models_dir/{spec.base_model}"
         return None
 
     def servable(self, spec: ModelSpec) -> bool:
