@@ -71,6 +71,7 @@ class HuggingGPT:
             max_description_length=config.max_description_length,
             language=config.preferred_language, max_size_mb=config.max_model_size_mb,
             choose=config.choose_model, margin=config.choose_model_margin,
+            allowed=config.allowed_models, denied=config.denied_models,
         )
         self.executor = Executor(config, self.backends, self.url_policy)
         self.selection_threads = ThreadPoolExecutor(max_workers=max(16, 4 * config.max_concurrent_requests),

@@ -46,6 +46,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens", "max_tasks",
+        "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
         "http_idle_timeout", "models_server_hosts")},
@@ -157,6 +158,8 @@ class Config:
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
     planner_max_tokens: int | None = None  # cap on the plan's length (a small model under a grammar may not stop)
     max_tasks: int = 32  # a plan with more tasks is refused at once (a runaway chain would hold the request)
+    allowed_models: tuple[str, ...] = ()  # model id patterns (fnmatch) selection may use; empty: any
+    denied_models: tuple[str, ...] = ()  # model id patterns never used; wins over allowed_models
     stream_plan: bool = True  # read the plan as it streams and start final tasks at once
     max_replans: int = 1  # planner calls allowed to recover from an invalid plan or tasks that failed everywhere
     choose_model: str = "auto"  # llm | ranking | auto (ask the LLM only when the top candidates are close)
@@ -437,6 +440,8 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         stream_plan=_typed(data, "stream_plan", bool, True, path),
         planner_max_tokens=_positive(data, "planner_max_tokens", 0, path) or None,
         max_tasks=_positive(data, "max_tasks", 32, path),
+        allowed_models=_strings(data, "allowed_models", path),
+        denied_models=_strings(data, "denied_models", path),
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
         http_connection_limit=_positive(data, "http_connection_limit", 1000, path),

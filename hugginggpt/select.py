@@ -6,6 +6,7 @@ ranked for the request, checked for availability in parallel, and the LLM choosi
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import re
 import threading
@@ -144,6 +145,8 @@ class Selector:
         max_size_mb: float | None = None,
         choose: str = "auto",
         margin: float = 0.01,
+        allowed: tuple[str, ...] = (),
+        denied: tuple[str, ...] = (),
     ):
         """choose: "llm" asks the LLM whenever several candidates are available (JARVIS); "ranking" takes the
         top-ranked one; "auto" takes it when it leads the next by at least `margin` and asks the LLM otherwise."""
@@ -159,6 +162,14 @@ class Selector:
         self.num_candidates = num_candidates
         self.max_description_length = max_description_length
         self.store: CatalogStore | None = None  # once open (at warm-up): candidates come from the Hub catalog
+        self.allowed, self.denied = allowed, denied
+
+    def permitted(self, model_id: str) -> bool:
+        """`allowed_models` / `denied_models` (fnmatch patterns, case-sensitive; a denial wins): what clients may
+        make this server run on its own keys and hardware."""
+        if any(fnmatch.fnmatchcase(model_id, p) for p in self.denied):
+            return False
+        return not self.allowed or any(fnmatch.fnmatchcase(model_id, p) for p in self.allowed)
 
     def use_store(self, store: CatalogStore | None) -> None:
         """Rank from the catalog store from now on: Hub-sized, with popularity, size, latency, availability
@@ -209,12 +220,14 @@ class Selector:
         store = self.store
         if store is not None:
             vectors = getattr(self.ranker, "query_vectors", None)
-            return store.search(task.task, query.text, limit=limit, language=query.language,
-                                max_size_mb=query.max_size_mb, exclude=exclude,
-                                query_vector=vectors([query])[0] if vectors is not None else None)
-        skip = set(exclude)
-        ranked = self.catalog.ranked(query, self.ranker, limit=limit + len(skip))
-        return [Candidate(card, score, Factors(meaning=score)) for card, score in ranked if card.id not in skip][:limit]
+            found = store.search(task.task, query.text, limit=limit, language=query.language,
+                                 max_size_mb=query.max_size_mb, exclude=exclude,
+                                 query_vector=vectors([query])[0] if vectors is not None else None)
+        else:
+            skip = set(exclude)
+            ranked = self.catalog.ranked(query, self.ranker, limit=limit + len(skip))
+            found = [Candidate(card, score, Factors(meaning=score)) for card, score in ranked if card.id not in skip]
+        return [c for c in found if self.permitted(c.card.id)][:limit]
 
     def search(self, task: str | None, text: str, limit: int) -> list[dict[str, Any]]:
         """The catalog as people browse it (GET /models/search): cards for `task` (or every task), best first."""
@@ -246,6 +259,9 @@ class Selector:
                                  error="ControlNet tasks need the local models server (inference_mode local or hybrid)")
             control = task.task.split("-")[0]
             model_id = f"lllyasviel/sd-controlnet-{control}" if task.task.endswith("-text-to-image") else task.task
+            if not self.permitted(model_id):
+                return Selection(**base, model_id=None, hosted_on=None, reason="",
+                                 error=f"{model_id} is not permitted here (allowed_models / denied_models)")
             if not self.availability.check([model_id], ["local"]).get("local"):
                 return Selection(**base, model_id=None, hosted_on=None, reason="", available={"local": []},
                                  error=f"the local models server cannot serve {model_id} (its /status says so: "
@@ -261,7 +277,9 @@ class Selector:
         why = {c.card.id: c.reason for c in ranked}
         if not cards:
             return Selection(**base, model_id=None, hosted_on=None, reason="",
-                             error=f"no model in the catalog does {task.task}")
+                             error=f"no model in the catalog does {task.task}"
+                                   + (" among those allowed_models / denied_models permit"
+                                      if self.allowed or self.denied else ""))
         ids = [c.id for c in cards]
         order = self.backends_in_order()
         found = self.availability.check(ids, order)

@@ -131,3 +131,30 @@ def test_the_status_cache_expires():
     uncached.check(["a/b"], ["local"])
     uncached.check(["a/b"], ["local"])
     assert backend.calls == 4
+
+
+def test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run(tmp_path, llm, models, models_server,
+                                                                              public_dir):
+    import json
+
+    from tests.conftest import start_server, stop_server, write_config
+
+    config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, semantic_ranking=False,
+                          choose_model="ranking", allowed_models=["dslim/*", "nlpconnect/*", "Salesforce/*"],
+                          denied_models=["Salesforce/*"])
+    srv = start_server(config, tmp_path)
+    try:
+        llm.on("parse_task", json.dumps([
+            {"task": "image-to-text", "id": 0, "dep": [-1], "args": {"image": "/examples/red.png"}},
+            {"task": "token-classification", "id": 1, "dep": [-1], "args": {"text": "Anna lives in Berlin"}},
+            {"task": "text-to-image", "id": 2, "dep": [-1], "args": {"text": "a fox"}}]))
+        results = srv.post("/results", {"messages": [{"role": "user", "content": "caption, tag, draw"}]}).json()
+        search = srv.post("/hugginggpt", {"messages": [{"role": "user", "content": "x"}]})  # still serving
+    finally:
+        stop_server(srv)
+    assert results["0"]["choose model result"]["id"] == "nlpconnect/vit-gpt2-image-captioning"  # Salesforce denied
+    assert results["1"]["choose model result"]["id"].startswith("dslim/")
+    assert "allowed_models / denied_models" in results["2"]["inference result"]["error"]["message"]
+    assert not any(c["model"].startswith("Salesforce/") or c["model"].startswith("stabilityai/")
+                   for c in models.calls)
+    assert search.status_code == 200

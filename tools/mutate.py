@@ -526,6 +526,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "are not in local_models_dir/{spec.weights_from or spec.id}; run ",
              "are not in {self.models_dir / (spec.weights_from or spec.id)}; run ",
              ("tests/test_hostile_bodies.py::test_the_models_list_names_no_server_path",)),
+    Mutation("denied-models-ignored", "hugginggpt/select.py",
+             "        if any(fnmatch.fnmatchcase(model_id, p) for p in self.denied):\n            return False",
+             "        if False:\n            return False",
+             ("tests/test_selection.py::test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run",)),
+    Mutation("allowed-models-ignored", "hugginggpt/select.py",
+             "        return not self.allowed or any(fnmatch.fnmatchcase(model_id, p) for p in self.allowed)",
+             "        return True",
+             ("tests/test_selection.py::test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run",)),
 )
 
 
