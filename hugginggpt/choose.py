@@ -22,11 +22,11 @@ def start_selection(state: RequestState, selector: Selector, tasks: list[Task], 
     """Start choosing each task's model now, on `threads` (shared by requests: no thread started per request);
     `state.selection_of(task)` waits for the answer."""
     selector.prepare(state.request.user_input, [t for t in tasks if not t.error and t.id not in state.selections])
+    with state.lock:
+        failed = frozenset(state.failed_models)  # a replan never picks a model that failed in this request
     for task in tasks:
         if task.error or task.id in state.selections:  # already chosen while the plan streamed
             continue
-        with state.lock:
-            failed = frozenset(state.failed_models)  # a replan never picks a model that failed in this request
         fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias,
                              failed)
         fut.add_done_callback(lambda f, t=task: _announce(state, t, f))

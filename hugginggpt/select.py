@@ -271,16 +271,13 @@ class Selector:
         if task.task in TEXT_TASKS_FOR_LLM:
             return Selection(**base, model_id=LLM_MODEL_ID, hosted_on="llm",
                              reason="The LLM performs well on this text task itself.")
-        ranked = self.candidates(user_input, task, exclude)
-        cards = [c.card for c in ranked]
-        score_of = {c.card.id: c.score for c in ranked}
-        why = {c.card.id: c.reason for c in ranked}
-        if not cards:
+        by_id = {c.card.id: c for c in self.candidates(user_input, task, exclude)}  # best first
+        if not by_id:
             return Selection(**base, model_id=None, hosted_on=None, reason="",
                              error=f"no model in the catalog does {task.task}"
                                    + (" among those allowed_models / denied_models permit"
                                       if self.allowed or self.denied else ""))
-        ids = [c.id for c in cards]
+        ids = list(by_id)
         order = self.backends_in_order()
         found = self.availability.check(ids, order)
         ranked_ids = {b: [m for m in ids if m in found.get(b, [])] for b in order}
@@ -298,14 +295,14 @@ class Selector:
         if len(kept) == 1:
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, reason="Only one model available.", available=available)
-        lead = score_of[kept[0][0]] - score_of[kept[1][0]]
+        lead = by_id[kept[0][0]].score - by_id[kept[1][0]].score
         if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, available=available,
                              reason=f"top-ranked for this request ({lead:.2f} ahead of the next candidate"
-                                    f"{': ' + why[mid] if why.get(mid) else ''}); chosen without asking the LLM")
-        by_id: dict[str, ModelCard] = {c.id: c for c in cards}
-        metas: list[dict[str, Any]] = [by_id[m].meta(self.max_description_length, b) for m, b in kept]
+                                    f"{': ' + by_id[mid].reason if by_id[mid].reason else ''}); "
+                                    "chosen without asking the LLM")
+        metas: list[dict[str, Any]] = [by_id[m].card.meta(self.max_description_length, b) for m, b in kept]
         try:
             reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), metas), logit_bias_weight=logit_bias)
         except LLMError as exc:
