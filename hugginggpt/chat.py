@@ -51,7 +51,8 @@ class HuggingGPT:
         if ranker is None and config.semantic_ranking:
             from .catalog.semantic import SemanticRanker
 
-            ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards)
+            ranker = SemanticRanker.create(config.cache_dir, catalog=self.catalog.cards,
+                                           precision=config.embedding_precision)
         self.ranker = ranker or KeywordRanker()
         self.warmed = threading.Event()
         self.catalog_store: CatalogStore | None = None  # opened by `warm`

@@ -42,6 +42,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "num_candidate_models", "max_description_length", "proxy", "root", "public_dir", "catalog",
         "request_timeout", "task_timeout", "status_timeout", "status_cache_seconds", "max_workers", "max_body_bytes",
         "max_fetch_bytes", "fetch_timeout", "local_models_dir", "memory_budget_gb", "semantic_ranking", "cache_dir",
+        "embedding_precision",
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
@@ -152,6 +153,7 @@ class Config:
     local_models_dir: Path = Path("models")
     memory_budget_gb: float | None = None
     semantic_ranking: bool = True
+    embedding_precision: str = "int8"  # the sentence model's graph: int8 (about 0.6x the CPU) or fp32
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
     max_model_size_mb: float | None = None  # catalog rows with a larger `size_mb` are never candidates
     cache_dir: Path = Path(".cache")
@@ -419,6 +421,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         local_models_dir=rel(_get(data, "local_models_dir", "models")),
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
+        embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),
         preferred_language=_get(data, "model_constraints.language"),
         max_model_size_mb=_get(data, "model_constraints.max_size_mb"),
         cache_dir=rel(_get(data, "cache_dir", ".cache")),

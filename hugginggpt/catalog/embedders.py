@@ -76,11 +76,12 @@ class SemanticEmbedder:
 
     @classmethod
     def from_ranker(cls, ranker, cards: Sequence = ()) -> SemanticEmbedder:
-        """From a SemanticRanker: named after its model folder, so a changed model re-embeds the store. Cards are
-        read up to the model's own length (as the ranker reads them), and the vectors the ranker already has
-        for `cards` are reused, not computed again."""
+        """From a SemanticRanker: named after its model folder and precision, so a changed model (or an int8 graph
+        after a float32 one) re-embeds the store. Cards are read up to the model's own length (as the ranker reads
+        them), and the vectors the ranker already has for `cards` are reused, not computed again."""
         from .embedding import DOCUMENT_TOKENS
 
+        ranker.load()  # first: the graph that really makes the vectors (int8 falls back to fp32 on failure)
         known = {}
         for card in cards:
             vector = ranker.card_vector(card)
@@ -93,15 +94,16 @@ class SemanticEmbedder:
                 else {}
             return np.stack([known[t] if t in known else fresh[t] for t in texts])
 
-        return cls(embed, name=f"st:{ranker.model_path.name}")
+        precision = ranker.precision
+        return cls(embed, name=f"st:{ranker.model_path.name}" + ("" if precision == "fp32" else f":{precision}"))
 
 
-def default_embedder(semantic: bool = True, cache_dir=None) -> Embedder:
+def default_embedder(semantic: bool = True, cache_dir=None, precision: str = "int8") -> Embedder:
     """The sentence model when `semantic` and it is installed, else the hashed bag of words."""
     if semantic:
         from .semantic import SemanticRanker, default_model_path
 
         path = default_model_path()
         if path is not None and path.exists():
-            return SemanticEmbedder.from_ranker(SemanticRanker(path, cache_dir))
+            return SemanticEmbedder.from_ranker(SemanticRanker(path, cache_dir, precision=precision))
     return HashEmbedder()

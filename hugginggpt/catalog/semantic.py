@@ -78,8 +78,9 @@ class LRU:
 class SemanticRanker:
     def __init__(self, model_path: Path, cache_dir: Path | None = None, device: str = "cpu",
                  catalog: list[ModelCard] | None = None, encoder: Encoder | None = None,
-                 query_cache_size: int = QUERY_CACHE_SIZE):
+                 query_cache_size: int = QUERY_CACHE_SIZE, precision: str = "int8"):
         self.model_path = model_path
+        self.wanted_precision = precision
         self.catalog = catalog  # embedded (and cached) as a whole on first use
         self.cache_dir = cache_dir
         self.device = device
@@ -93,19 +94,32 @@ class SemanticRanker:
 
     @classmethod
     def create(cls, cache_dir: Path | None = None, model_path: Path | None = None,
-               catalog: list[ModelCard] | None = None) -> Ranker:
+               catalog: list[ModelCard] | None = None, precision: str = "int8") -> Ranker:
         """A SemanticRanker when the embedding model is installed, else the keyword fallback."""
         path = model_path or default_model_path()
         if path is None or not Path(path).exists():
             log.info("sentence-embedding model not installed; ranking models by keywords")
             return KeywordRanker()
-        return cls(Path(path), cache_dir, catalog=catalog)
+        return cls(Path(path), cache_dir, catalog=catalog, precision=precision)
 
     def _encoder(self) -> Encoder:
         with self._lock:
             if self._model is None:
-                self._model = load_encoder(self.model_path, self.cache_dir, self.device)
+                self._model = load_encoder(self.model_path, self.cache_dir, self.device, self.wanted_precision)
+                real = getattr(self._model, "precision", "fp32")
+                if real != self.wanted_precision:  # e.g. int8 failed: card vectors read for int8 are not these
+                    self.wanted_precision = real
+                    self._card_vectors.clear()
+                    self._stacks = LRU(STACK_CACHE_SIZE)
             return self._model
+
+    @property
+    def precision(self) -> str:
+        """What the vectors are ("int8" or "fp32"); the card cache and the catalog store are keyed by it, so a
+        query is never compared with cards made by another graph."""
+        if self._model is not None:
+            return getattr(self._model, "precision", "fp32")
+        return self.wanted_precision
 
     def load(self) -> None:
         """Load the encoder now (queries need it even when card vectors come from the disk cache)."""
@@ -119,6 +133,8 @@ class SemanticRanker:
             return None
         digest = hashlib.sha256()
         digest.update(str(self.model_path.name).encode())
+        if self.precision != "fp32":
+            digest.update(f"\0{self.precision}".encode())
         for card in cards:
             digest.update(card.id.encode() + b"\0" + card.text().encode() + b"\n")
         return self.cache_dir / f"card-embeddings-{digest.hexdigest()[:16]}.npz"

@@ -707,6 +707,6 @@ def open_store(config, embedder: Embedder | None = None) -> CatalogStore:
 
     budget = config.max_model_size_mb or (config.memory_budget_gb * 1024 if config.memory_budget_gb else None)
     if embedder is None:
-        embedder = default_embedder(config.semantic_ranking, config.cache_dir)
+        embedder = default_embedder(config.semantic_ranking, config.cache_dir, config.embedding_precision)
     return CatalogStore.open(config.catalog_store, embedder, curated=config.catalog_path,
                              weights=Weights.from_dict(config.catalog_weights), budget_mb=budget)
