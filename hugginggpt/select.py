@@ -74,12 +74,16 @@ class Availability:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="status")
 
+    def _cached(self, backend: str, model_id: str, now: float) -> bool | None:
+        hit = self._cache.get((backend, model_id))
+        return hit[0] if hit and hit[1] > now else None
+
     def _check(self, backend: str, model_id: str) -> bool:
         now = time.monotonic()
         with self._lock:
-            hit = self._cache.get((backend, model_id))
-            if hit and hit[1] > now:
-                return hit[0]
+            hit = self._cached(backend, model_id, now)
+        if hit is not None:
+            return hit
         ok = self.backends[backend].is_available(model_id)
         if self.ttl > 0:
             with self._lock:
@@ -87,14 +91,21 @@ class Availability:
         return ok
 
     def check(self, model_ids: list[str], backends: list[str]) -> dict[str, list[str]]:
-        jobs = {(b, m): self._pool.submit(self._check, b, m) for b in backends if b in self.backends for m in model_ids}
+        """Answers still fresh are read here; only the others go to the status threads, all at once."""
+        pairs = [(b, m) for b in backends if b in self.backends for m in model_ids]
+        now = time.monotonic()
+        with self._lock:
+            known = {pair: self._cached(*pair, now) for pair in pairs}
+        jobs = {pair: self._pool.submit(self._check, *pair) for pair in pairs if known[pair] is None}
         out: dict[str, list[str]] = {b: [] for b in backends}
-        for (b, m), fut in jobs.items():
+        for (b, m) in pairs:
             try:
-                if fut.result():
-                    out[b].append(m)
+                ok = known[(b, m)] if (b, m) not in jobs else jobs[(b, m)].result()
             except Exception:  # noqa: BLE001 - a broken status check means "not available"
                 log.warning("status check of %s on %s failed", m, b)
+                continue
+            if ok:
+                out[b].append(m)
         return out
 
 

@@ -133,6 +133,23 @@ def test_the_status_cache_expires():
     assert backend.calls == 4
 
 
+def test_a_cached_answer_is_the_answer_the_backend_gave_for_that_model():
+    """Fresh answers are read without asking again; a cached "not available" stays not available."""
+
+    class Some(CountingBackend):
+        def is_available(self, model_id: str) -> bool:
+            self.calls += 1
+            return model_id != "x/gone"
+
+    backend = Some()
+    availability = Availability({"local": backend}, ttl=30)
+    ids = ["a/b", "x/gone", "c/d"]
+    assert availability.check(ids, ["local"]) == {"local": ["a/b", "c/d"]}
+    assert availability.check(ids + ["e/f"], ["local", "huggingface"]) == {"local": ["a/b", "c/d", "e/f"],
+                                                                           "huggingface": []}
+    assert backend.calls == 4  # only e/f was asked the second time
+
+
 def test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run(tmp_path, llm, models, models_server,
                                                                               public_dir):
     import json

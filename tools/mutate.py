@@ -53,8 +53,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                if m not in [k for k, _ in kept]:",
              ("tests/test_selection.py",)),
     Mutation("status-cache-never-expires", "hugginggpt/select.py",
-             "            if hit and hit[1] > now:",
-             "            if hit:",
+             "        return hit[0] if hit and hit[1] > now else None",
+             "        return hit[0] if hit else None",
              ("tests/test_selection.py",)),
     Mutation("generated-priorities-reversed", "hugginggpt/execute.py",
              '                for k in keys:\n',
@@ -534,6 +534,24 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return not self.allowed or any(fnmatch.fnmatchcase(model_id, p) for p in self.allowed)",
              "        return True",
              ("tests/test_selection.py::test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run",)),
+    # -- selection speed (issue 16, round 2) ---------------------------------------------------------------
+    Mutation("cached-unavailable-read-as-available", "hugginggpt/select.py",
+             "                ok = known[(b, m)] if (b, m) not in jobs else jobs[(b, m)].result()",
+             "                ok = True if (b, m) not in jobs else jobs[(b, m)].result()",
+             ("tests/test_selection.py::test_a_cached_answer_is_the_answer_the_backend_gave_for_that_model",)),
+    Mutation("int8-graph-never-built", "hugginggpt/catalog/embedding.py",
+             '        if precision == "int8":\n',
+             '        if False:\n',
+             ("tests/test_embedding.py::test_int8_graph_is_the_default_close_to_float32_and_cheaper",)),
+    Mutation("int8-batches-share-a-scale", "hugginggpt/catalog/embedding.py",
+             'groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids), []).append(i)',
+             'groups.setdefault(len(enc.ids), []).append(i)',
+             ("tests/test_embedding.py::test_int8_graph_is_the_default_close_to_float32_and_cheaper",)),
+    Mutation("store-not-told-the-precision", "hugginggpt/catalog/embedders.py",
+             '("" if precision == "fp32" else f":{precision}")',
+             '""',
+             ("tests/test_embedding.py::test_the_store_is_told_the_int8_graph_so_float32_vectors_are_re_embedded",)),
+
 )
 
 

@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -589,9 +589,9 @@ class CatalogStore:
 
     def _finish(self, scored, text, limit, language, availability, w, budget) -> list[Candidate]:
         wanted = languages_in(text) | ({language} if language else set())
-        out = []
+        ranked = []
         for row, meaning in scored:
-            card = card_from_store_row(row)
+            card = _row_card(row)
             f = Factors(
                 meaning=meaning,
                 popularity=card_popularity(card),
@@ -601,17 +601,19 @@ class CatalogStore:
                 availability=AVAILABILITY[(availability or {}).get(card.id) or static_availability(row)],
                 health=self.health.penalty(card.id),
             )
-            out.append(self._candidate(row, f, score(f, w), card))
-        out.sort(key=lambda c: -c.score)
-        for i, c in enumerate(out[:limit]):  # the reason names what put each one ahead of the next
-            nxt = out[i + 1].factors if i + 1 < len(out) else None
-            out[i] = replace(c, reason=explain(c.factors, nxt, w))
-        return out[:limit]
+            ranked.append((score(f, w), f, row, card))
+        ranked.sort(key=lambda r: -r[0])  # stable: equal scores keep the static order
+        out = []
+        for i, (s, f, row, card) in enumerate(ranked[:limit]):  # the reason: what put it ahead of the next
+            out.append(self._candidate(row, f, s, card,
+                                       reason=explain(f, ranked[i + 1][1] if i + 1 < len(ranked) else None, w)))
+        return out
 
-    def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard | None = None) -> Candidate:
+    def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard | None = None,
+                   reason: str = "") -> Candidate:
         return Candidate(card=card or card_from_store_row(row), score=s, factors=f, library=row.get("library"),
                          local=row.get("local"), providers=tuple(row.get("providers") or ()), gated=row.get("gated"),
-                         license=row.get("license"), source=row.get("source", "hub"))
+                         license=row.get("license"), source=row.get("source", "hub"), reason=reason)
 
     def ranked(self, query: RankQuery, limit: int, **kw: Any) -> list[tuple[ModelCard, float]]:
         """Drop-in for `Catalog.ranked(query, ranker, limit)`: (card, score) pairs, best first."""
@@ -687,6 +689,14 @@ def _decode(values: Sequence[Any]) -> dict[str, Any]:
     row["providers"] = json.loads(row["providers"])
     row["local"] = json.loads(row["local"]) if row["local"] else None
     return row
+
+
+def _row_card(row: dict[str, Any]) -> ModelCard:
+    """The row's card, made once per decoded row (rows read often are cached, and so is their card)."""
+    card = row.get("_card")
+    if card is None:
+        card = row["_card"] = card_from_store_row(row)
+    return card
 
 
 def card_from_store_row(row: dict[str, Any]) -> ModelCard:

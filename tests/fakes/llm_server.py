@@ -220,3 +220,26 @@ class ThreadedServer:
 
     def stop(self) -> None:
         self.server.shutdown()
+
+
+class KeepAliveServer:
+    """A WSGI app on waitress: HTTP/1.1 keep-alive, as OpenAI, vLLM and our own models server speak it. Werkzeug's
+    development server (ThreadedServer) closes every connection, so each call would pay a new TCP connection on
+    both sides: benchmarks use this one, so that what they measure is the server under test, not reconnects."""
+
+    def __init__(self, app: Flask, threads: int = 200):
+        from waitress.server import create_server
+
+        self.server = create_server(app, host="127.0.0.1", port=0, threads=threads, connection_limit=2000,
+                                    asyncore_use_poll=True, channel_timeout=120, ident="fake")
+        self.port = self.server.effective_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> KeepAliveServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.close()
+        self.server.task_dispatcher.shutdown(timeout=1)
