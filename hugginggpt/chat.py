@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .backends import Backend
@@ -22,11 +21,13 @@ from .choose import decisions, start_selection
 from .config import Config
 from .execute import Executor, Round
 from .llm import ClientCache, LLMClient, with_overrides
+from .metrics import Metrics
 from .plan import Plan, Task
 from .planner import Planner
 from .prompts import PromptSet
 from .replan import Replanner, failed_for_good, invalid_tasks
 from .request import ChatRequest, EventSink, RequestState, collect_result, validate_messages
+from .requestctx import REQUEST_ID, ContextThreadPool
 from .respond import answer
 from .select import Availability, Selector, control_task_fixup
 
@@ -74,9 +75,10 @@ class HuggingGPT:
             choose=config.choose_model, margin=config.choose_model_margin,
             allowed=config.allowed_models, denied=config.denied_models,
         )
-        self.executor = Executor(config, self.backends, self.url_policy)
-        self.selection_threads = ThreadPoolExecutor(max_workers=max(16, 4 * config.max_concurrent_requests),
-                                                    thread_name_prefix="select")
+        self.metrics = Metrics()  # this engine's own registry: GET /metrics
+        self.executor = Executor(config, self.backends, self.url_policy, observe_model=self.metrics.model_call)
+        self.selection_threads = ContextThreadPool(max_workers=max(16, 4 * config.max_concurrent_requests),
+                                                   thread_name_prefix="select")
 
     def warm(self) -> None:
         """Load the ranking model, embed the catalog and open the catalog store now, not on the first request.
@@ -147,14 +149,34 @@ class HuggingGPT:
         state_ready: Callable[[RequestState], None] | None = None,
     ) -> Any:
         """mode: "answer" (/hugginggpt), "tasks" (/tasks), "results" (/results), "decisions"."""
-        state = RequestState(request, self.llm_for(request), on_event, self.config.request_timeout)
+        state = RequestState(request, self.llm_for(request), on_event, self.config.request_timeout,
+                             observe_llm=self.metrics.llm_call)
         if state_ready:
             state_ready(state)
+        token = REQUEST_ID.set(request.request_id)  # every log line of this request names it, on any thread
+        self.metrics.in_flight.inc()
+        started, outcome = time.perf_counter(), "error"
+        try:
+            result = self._run(state, mode)
+            outcome = "cancelled" if state.cancelled.is_set() else "ok"
+            return result
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.request_seconds.labels(mode, outcome).observe(time.perf_counter() - started)
+            REQUEST_ID.reset(token)
+
+    def _stage(self, name: str, started: float) -> None:
+        self.metrics.stage_seconds.labels(name).observe(time.perf_counter() - started)
+
+    def _run(self, state: RequestState, mode: str) -> Any:
+        request = state.request
         log.info("[%s] request (%s): %.200s", request.request_id, mode, request.user_input)
         streamed = StreamedStart(self, state) if mode in ("answer", "results") and self.config.stream_plan else None
 
         # 1. plan (tasks final in the streamed plan are already selected and running)
+        started = time.perf_counter()
         planned = self.planner.plan(state, streamed)
+        self._stage("plan", started)
         if planned.plan is None:
             state.emit("answer", {"message": planned.reply})
             return {"message": planned.reply}
@@ -167,8 +189,10 @@ class HuggingGPT:
             return decisions(state, plan)
         # 3. execute: the rest of the plan joins the streamed round (or a new one); then recover by replanning
         rest = [t for t in plan.tasks if t.id not in planned.streamed]
+        started = time.perf_counter()
         self.executor.execute(state, rest, streamed.round if streamed is not None and planned.streamed else None)
         self.recover(state, plan)
+        self._stage("execute", started)
         with state.lock:
             results = {tid: state.results[tid] for tid in sorted(state.results)}
         if state.cancelled.is_set():
@@ -177,13 +201,16 @@ class HuggingGPT:
         if mode == "results":
             return results
         # 4. respond
+        started = time.perf_counter()
         message = answer(state, self.prompts, results, self.replanner.max_replans)
+        self._stage("respond", started)
         log.info("[%s] answered in %.2fs", request.request_id, time.perf_counter() - state.started)
         return {"message": message}
 
     def select(self, state: RequestState, tasks: list[Task]) -> None:
         start_selection(state, self.selector, tasks, self.selection_threads,
-                        self.config.logit_bias.get("choose_model", 0.0))
+                        self.config.logit_bias.get("choose_model", 0.0),
+                        observe_seconds=self.metrics.stage_seconds.labels("select").observe)
 
     def recover(self, state: RequestState, plan: Plan) -> None:
         """Replan the remaining work when tasks failed on every model (at most max_replans times)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -18,9 +19,9 @@ from .select import Selection, Selector
 
 
 def start_selection(state: RequestState, selector: Selector, tasks: list[Task], threads: Executor,
-                    logit_bias: float = 0.0) -> None:
+                    logit_bias: float = 0.0, observe_seconds: Callable[[float], None] | None = None) -> None:
     """Start choosing each task's model now, on `threads` (shared by requests: no thread started per request);
-    `state.selection_of(task)` waits for the answer."""
+    `state.selection_of(task)` waits for the answer. observe_seconds: told how long each choice took."""
     selector.prepare(state.request.user_input, [t for t in tasks if not t.error and t.id not in state.selections])
     with state.lock:
         failed = frozenset(state.failed_models)  # a replan never picks a model that failed in this request
@@ -29,14 +30,16 @@ def start_selection(state: RequestState, selector: Selector, tasks: list[Task], 
             continue
         fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias,
                              failed)
-        fut.add_done_callback(lambda f, t=task: _announce(state, t, f))
+        fut.add_done_callback(lambda f, t=task: _announce(state, t, f, observe_seconds))
         state.selections[task.id] = fut
 
 
-def _announce(state: RequestState, task: Task, fut: Future) -> None:
+def _announce(state: RequestState, task: Task, fut: Future, observe_seconds=None) -> None:
     if fut.exception() is not None:
         return
     sel: Selection = fut.result()
+    if observe_seconds is not None:
+        observe_seconds(sel.seconds)
     state.emit("model_selected", {"id": task.id, "task": task.task, "model": sel.model_id,
                                   "hosted_on": sel.hosted_on, "reason": sel.reason, "error": sel.error,
                                   "candidates": sel.available, "seconds": round(sel.seconds, 4)})

@@ -82,3 +82,9 @@ class DeadlineExceeded(LLMError):
 
     status = 504
     kind = "timeout_error"
+
+
+class NotFound(BadRequest):
+    """The client named something this server does not have, e.g. an unknown model on /v1 (HTTP 404)."""
+
+    status = 404

@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 from .backends import Backend, TaskInputs
@@ -21,6 +21,7 @@ from .config import Config
 from .errors import BackendError, ResourceError
 from .plan import Task
 from .request import RequestState, collect_result
+from .requestctx import ContextThreadPool
 from .resources import Resource, resolve
 from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
 from .select import Selection
@@ -30,14 +31,17 @@ log = logging.getLogger(__name__)
 
 
 class Executor:
-    def __init__(self, config: Config, backends: dict[str, Backend], url_policy: UrlPolicy):
+    def __init__(self, config: Config, backends: dict[str, Backend], url_policy: UrlPolicy,
+                 observe_model: Callable[[str, str, bool, float], None] | None = None):
+        """observe_model(model, backend, ok, seconds): told of every model call (the server's metrics)."""
         self.config = config
+        self.observe_model = observe_model
         self.backends = backends
         self.url_policy = url_policy
         # Task threads are shared by all requests (each round still runs at most max_workers at once): starting
         # threads for every request cost more CPU than the rest of the orchestration (bench/load.py).
         self.health: Health | None = None  # the catalog store's, once open: every model run is recorded there
-        self.threads = ThreadPoolExecutor(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
+        self.threads = ContextThreadPool(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
                                           thread_name_prefix="task")
 
     def execute(self, state: RequestState, tasks: list[Task], round: Round | None = None) -> dict[int, Outcome]:
@@ -86,7 +90,10 @@ class Executor:
                     result = backend.infer(model_id, inputs)
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
-            self._record(state, model_id, result, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            if self.observe_model is not None:
+                self.observe_model(model_id, backend_name, "error" not in result, seconds)
+            self._record(state, model_id, result, seconds)
             if "error" not in result:
                 choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else
                           f"fallback after {tried[-1]['model']} failed"}

@@ -240,6 +240,7 @@ class LLMClient:
         json_schema: dict[str, Any] | None = None,
         structured: str = "auto",
         max_tokens: int | None = None,
+        on_usage: Callable[[dict[str, Any]], None] | None = None,
     ) -> str:
         """Send messages, return the reply text. With on_token, stream and report each piece.
 
@@ -247,6 +248,7 @@ class LLMClient:
         json_schema with structured "auto": ask for output constrained to the schema in each form of
         SCHEMA_FORMATS the backend has not rejected yet; once it rejected them all it is asked in free text
         from then on. "on": rejection is an error.
+        on_usage: called with the `usage` object of the answer, when the backend sends one.
         """
         bias = self.logit_bias(logit_bias_weight)
         extra: dict[str, Any] = {"temperature": temperature}
@@ -256,14 +258,15 @@ class LLMClient:
             extra["max_tokens"] = max_tokens
         if self.settings.use_completion:
             prompt = messages_to_prompt(messages)
-            return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline), deadline)
+            return self._call(lambda timeout: self._complete(prompt, extra, on_token, timeout, deadline, on_usage),
+                              deadline)
         if json_schema is not None and structured != "off":
             status = 0
             for index in range(self.schema_format, len(SCHEMA_FORMATS)):
                 constrained = {**extra, "response_format": SCHEMA_FORMATS[index](json_schema)}
                 try:
                     return self._call(lambda timeout, c=constrained: self._chat(messages, c, on_token, timeout,
-                                                                                deadline), deadline)
+                                                                                deadline, on_usage), deadline)
                 except _SchemaRejected as exc:
                     status = exc.status
                     self.schema_format = index + 1  # remembered: this form is not asked again
@@ -273,36 +276,36 @@ class LLMClient:
                 raise LLMError(f"{self.describe} does not accept structured output (response_format json_schema "
                                f"or json_object with a schema{f', HTTP {status}' if status else ''}); "
                                "set structured_output: auto or off")
-        return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline), deadline)
+        return self._call(lambda timeout: self._chat(messages, extra, on_token, timeout, deadline, on_usage), deadline)
 
-    def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
+    def _chat(self, messages, extra, on_token, timeout: float, deadline: float | None, on_usage=None) -> str:
         try:
-            return self._chat_once(messages, extra, on_token, timeout, deadline)
+            return self._chat_once(messages, extra, on_token, timeout, deadline, on_usage)
         except openai.APIStatusError as exc:
             rejected = exc.status_code in (400, 422) or (exc.status_code == 500 and "response_format" in str(exc))
             if "response_format" in extra and rejected:  # not 404: that is a wrong URL
                 raise _SchemaRejected(exc.status_code) from None
             raise
 
-    def _chat_once(self, messages, extra, on_token, timeout: float, deadline: float | None) -> str:
+    def _chat_once(self, messages, extra, on_token, timeout: float, deadline: float | None, on_usage=None) -> str:
         body = {**extra, "model": self.settings.model, "messages": messages}
         return self._request("/chat/completions", body, on_token, timeout, deadline,
                              lambda choice: (choice.get("message") or {}).get("content"),
-                             lambda choice: (choice.get("delta") or {}).get("content"))
+                             lambda choice: (choice.get("delta") or {}).get("content"), on_usage)
 
-    def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None) -> str:
+    def _complete(self, prompt: str, extra, on_token, timeout: float, deadline: float | None, on_usage=None) -> str:
         body = {"max_tokens": 2048, **extra, "model": self.settings.model, "prompt": prompt}
         return self._request("/completions", body, on_token, timeout, deadline,
-                             lambda choice: choice.get("text"), lambda choice: choice.get("text"))
+                             lambda choice: choice.get("text"), lambda choice: choice.get("text"), on_usage)
 
     def _request(self, path: str, body: dict[str, Any], on_token, timeout: float, deadline: float | None,
-                 text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any]) -> str:
+                 text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any], on_usage=None) -> str:
         """One call through the SDK's client (its auth, Azure routing, errors, SSE), with plain JSON in and out:
         its typed `create` spends more CPU checking our messages and building a model per streamed chunk than
         the rest of a request does (bench/load.py)."""
         with deadline_scope(deadline):
             try:
-                return self._request_within(path, body, on_token, timeout, deadline, text_of, piece_of)
+                return self._request_within(path, body, on_token, timeout, deadline, text_of, piece_of, on_usage)
             except httpx2.TimeoutException:
                 if deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline "
@@ -312,13 +315,15 @@ class LLMClient:
                 raise LLMError(f"{self.describe} broke off its answer ({exc.__class__.__name__})") from None
 
     def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float, deadline: float | None,
-                        text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any]) -> str:
+                        text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any], on_usage=None) -> str:
         options = {"timeout": timeout}
         if on_token is None:
             resp = self._client.post(path, body=body, cast_to=object, options=options)
             choices = resp.get("choices") if isinstance(resp, dict) else None
             if not isinstance(choices, list):
                 raise _NotOpenAI()
+            if on_usage is not None and isinstance(resp.get("usage"), dict):
+                on_usage(resp["usage"])
             if not choices:
                 raise LLMError(f"{self.describe} returned no choices")
             first = choices[0] if isinstance(choices[0], dict) else {}
@@ -331,6 +336,8 @@ class LLMClient:
                 if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline passed")
                 choices = chunk.get("choices") if isinstance(chunk, dict) else None
+                if on_usage is not None and isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+                    on_usage(chunk["usage"])
                 piece = piece_of(choices[0]) if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
                     else None
                 if piece:
@@ -463,9 +470,14 @@ def _short(exc: Exception) -> str:
 class DeadlineLLM:
     """One request's view of a shared client: every call carries that request's deadline."""
 
-    def __init__(self, client: LLMClient, deadline: float | None):
+    def __init__(self, client: LLMClient, deadline: float | None,
+                 observe: Callable[[str, bool, float, dict[str, Any] | None], None] | None = None):
+        """observe(backend kind, ok, seconds, usage): told of every call (the server's metrics)."""
         self.client = client
         self.deadline = deadline
+        self.observe = observe
+        self.usage: dict[str, int] = {}  # tokens this request's calls used, as their backends reported them
+        self._usage_lock = threading.Lock()
 
     @property
     def settings(self) -> LLMSettings:
@@ -477,7 +489,22 @@ class DeadlineLLM:
 
     def chat(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         kwargs.setdefault("deadline", self.deadline)
-        return self.client.chat(messages, **kwargs)
+        usage: list[dict[str, Any]] = []
+        started, ok = time.perf_counter(), False
+        try:
+            reply = self.client.chat(messages, on_usage=usage.append, **kwargs)
+            ok = True
+            return reply
+        finally:
+            last = usage[-1] if usage else None  # a stream may report usage more than once: the last is the total
+            if last:
+                with self._usage_lock:
+                    for key in ("prompt_tokens", "completion_tokens"):
+                        value = last.get(key)
+                        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                            self.usage[key] = self.usage.get(key, 0) + value
+            if self.observe is not None:
+                self.observe(self.client.settings.api_type or "none", ok, time.perf_counter() - started, last)
 
 
 class ClientCache:

@@ -12,7 +12,9 @@ import logging
 import sys
 from pathlib import Path
 
-FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+from .requestctx import RequestIdFilter
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"  # "-" outside a request
 # C0 controls, DEL, C1 controls and the Unicode line/paragraph separators (some viewers break lines there)
 _CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -52,6 +54,7 @@ def setup_logging(debug: bool = False, log_file: Path | None = None, quiet: bool
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     for handler in handlers:
         handler.setFormatter(SafeFormatter(FORMAT))
+        handler.addFilter(RequestIdFilter())
     logging.basicConfig(level=level, handlers=handlers, force=True)
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "urllib3", "waitress.queue"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -99,12 +99,13 @@ def collect_result(task: Task, choose: dict[str, str] | str, inference: dict[str
 class RequestState:
     """Everything one request owns: its LLM client, plan, selections, results and events."""
 
-    def __init__(self, request: ChatRequest, llm: LLMClient, on_event: EventSink | None, timeout: float):
+    def __init__(self, request: ChatRequest, llm: LLMClient, on_event: EventSink | None, timeout: float,
+                 observe_llm=None):
         self.request = request
         self.started = time.perf_counter()
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.llm = DeadlineLLM(llm, self.deadline)
+        self.llm = DeadlineLLM(llm, self.deadline, observe_llm)
         self.on_event = on_event  # None: nobody listens, so nothing is streamed
         self.results: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()

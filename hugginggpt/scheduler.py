@@ -11,9 +11,11 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
+
+from .requestctx import ContextThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class Scheduler:
         self._backlog: deque[int] = deque()  # started while `_limit` tasks were running: they go next
         self._futures: list[Future] = []
         self._own_pool = executor is None
-        self._pool = executor or ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix="task")
+        self._pool = executor or ContextThreadPool(max_workers=self._limit, thread_name_prefix="task")
 
     @classmethod
     def of_graph(cls, graph: dict[int, list[int]], body: Callable[[int], Any], *,

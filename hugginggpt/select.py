@@ -12,7 +12,6 @@ import re
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from .errors import LLMError
 from .llm import LLMClient
 from .plan import TEXT_TASKS_FOR_LLM, PlanParseError, Task, extract_json
 from .prompts import PromptSet
+from .requestctx import ContextThreadPool
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Availability:
         self.ttl = ttl
         self._cache: dict[tuple[str, str], tuple[bool, float]] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="status")
+        self._pool = ContextThreadPool(max_workers=max_workers, thread_name_prefix="status")
 
     def _cached(self, backend: str, model_id: str, now: float) -> bool | None:
         hit = self._cache.get((backend, model_id))

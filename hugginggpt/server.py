@@ -8,6 +8,7 @@ before it runs.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import json
 import logging
@@ -16,11 +17,11 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, jsonify, request, send_from_directory
+from flask import Flask, Response, g, jsonify, request, send_from_directory
 from flask_cors import CORS
 from flask_cors.core import get_cors_options, get_cors_origins
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -29,12 +30,17 @@ from .access import bearer_ok, bearer_token, send_public_file
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .openai_api import ROUTES as OPENAI_ROUTES
+from .openai_api import register as register_openai_routes
+from .requestctx import HEADER as REQUEST_ID_HEADER
+from .requestctx import request_id_from_header
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
-API_ROUTES = (*MODES, "/upload", "/models/search")
+API_ROUTES = (*MODES, "/upload", "/models/search", "/metrics", *OPENAI_ROUTES)
 SEARCH_LIMIT = 100
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 HEARTBEAT_SECONDS = 10.0
@@ -42,7 +48,10 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 
 
 def error_response(message: str, status: int, kind: str) -> Response:
-    resp = jsonify({"error": {"message": message, "type": kind}})
+    error: dict[str, Any] = {"message": message, "type": kind}
+    if request and request.path.startswith("/v1/"):  # OpenAI's shape, for its SDKs
+        error.update(param=None, code="model_not_found" if status == 404 else None)
+    resp = jsonify({"error": error})
     resp.status_code = status
     return resp
 
@@ -67,8 +76,11 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         same = origin.rstrip("/") == request.host_url.rstrip("/")
         return same or get_cors_origins(cors_options, origin) is not None
 
+    metrics = engine.metrics
+
     @app.before_request
     def guard() -> None:
+        g.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
         if request.method == "OPTIONS" or request.path not in API_ROUTES:
             return
         origin = request.headers.get("Origin")
@@ -84,6 +96,9 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     @app.after_request
     def no_sniff(resp: Response) -> Response:
         resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers[REQUEST_ID_HEADER] = g.get("request_id") or request_id_from_header(None)
+        route = request.url_rule.rule if request.url_rule is not None else "other"
+        metrics.http_requests.labels(route, str(resp.status_code)).inc()
         return resp
 
     @app.errorhandler(HuggingGPTError)
@@ -124,24 +139,29 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
 
     slots = threading.BoundedSemaphore(config.max_concurrent_requests)
 
-    def handle(path: str) -> Response:
+    def admitted(run: Callable[[], Response]) -> Response:
         """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue."""
         if not slots.acquire(blocking=False):
+            metrics.rejected.inc()
             resp = error_response(f"the server is running {config.max_concurrent_requests} requests "
                                   "(max_concurrent_requests); retry shortly", 429, "rate_limit_error")
             resp.headers["Retry-After"] = "1"
             return resp
         try:
-            resp = answer(path)
+            resp = run()
         except BaseException:
             slots.release()
             raise
         resp.call_on_close(slots.release)  # a stream holds its slot until the client has it all (or leaves)
         return resp
 
+    def handle(path: str) -> Response:
+        return admitted(lambda: answer(path))
+
     def answer(path: str) -> Response:
         body = read_body()
         chat_request = ChatRequest.from_body(body)
+        chat_request.request_id = g.request_id
         mode = MODES[path]
         if path == "/hugginggpt" and body.get("return_decisions") is True:
             mode = "decisions"
@@ -174,7 +194,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
             finally:
                 events.put(None)
 
-        threading.Thread(target=work, name=f"req-{chat_request.request_id}", daemon=True).start()
+        threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"req-{chat_request.request_id}",
+                         daemon=True).start()
 
         def generate() -> Iterator[str]:
             completed = False
@@ -224,6 +245,14 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
         llm = {k: v for k, v in config.llm.redacted().items() if k != "endpoint"}
         return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
+
+    @app.get("/metrics")
+    def metrics_text() -> Response:
+        """Prometheus text format; behind api_tokens like the API routes."""
+        return Response(metrics.exposition(), mimetype=METRICS_CONTENT_TYPE.split(";")[0],
+                        headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id)
 
     @app.get("/models/search")
     def models_search() -> Response:

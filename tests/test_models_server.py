@@ -532,3 +532,31 @@ def test_download_helper_lists_the_deployment(tmp_path):
     assert typo.returncode == 2 and "did you mean dslim/bert-base-NER" in typo.stderr
     failed = helper("--config", str(config), "--only", "hustvl/yolos-tiny")
     assert failed.returncode == 1 and "hustvl/yolos-tiny: failed" in failed.stderr
+
+
+def test_metrics_count_calls_by_model_and_report_the_pool(tiny):
+    from tests.test_front_doors import metric
+
+    def scrape() -> str:
+        resp = requests.get(tiny[0] + "/metrics", timeout=10)
+        assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/plain")
+        return resp.text
+
+    before = scrape()
+    assert post(tiny[0], "dslim/bert-base-NER", {"text": "Anna lives in Berlin"}).status_code == 200
+    assert post(tiny[0], "dslim/bert-base-NER", {"img_url": "/examples/red.png"}).status_code == 400
+    after = scrape()
+    model = {"model": "dslim/bert-base-NER"}
+    assert metric(after, "models_server_calls_total", outcome="ok", **model) - \
+        metric(before, "models_server_calls_total", outcome="ok", **model) == 1
+    assert metric(after, "models_server_calls_total", outcome="error", **model) - \
+        metric(before, "models_server_calls_total", outcome="error", **model) == 1
+    assert metric(after, "models_server_call_seconds_count", **model) - \
+        metric(before, "models_server_call_seconds_count", **model) == 2
+    loaded = requests.get(tiny[0] + "/models", timeout=10).json()["models"]
+    assert metric(after, "models_server_models_loaded") == sum(m["loaded"] for m in loaded) >= 1
+    assert metric(after, "models_server_model_loads_total") >= metric(after, "models_server_models_loaded")
+    held = [m for m in loaded if m["loaded"]]
+    assert metric(after, "models_server_memory_used_bytes") == pytest.approx(  # /models rounds to 0.1 MB
+        sum(m["memory_mb"] for m in held) * 1e6, abs=0.05e6 * len(held))
+    assert metric(after, "models_server_memory_used_bytes") > 0

@@ -7,6 +7,7 @@ The app speaks the protocol; an engine (`engine.py`) runs the models: `LocalEngi
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from flask import Flask, Response, jsonify, request
@@ -19,6 +20,8 @@ from ..urlpolicy import UrlPolicy
 from .discover import Discovery, DiscoveryRefused
 from .engine import Engine
 from .handlers import MAX_DEPTH, Inputs, check_body
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ModelsMetrics
 from .pool import InferenceFailed, ModelUnavailable
 from .registry import Registry
 
@@ -90,6 +93,13 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         log.exception("models server error")
         return _error(f"internal error ({exc.__class__.__name__})", 500)
 
+    metrics = ModelsMetrics(pool)
+
+    @app.get("/metrics")
+    def metrics_text() -> Response:
+        """Prometheus text format; behind models_server_token like every route."""
+        return Response(metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     @app.get("/running")
     def running() -> Response:
         return jsonify({"running": True})
@@ -150,8 +160,10 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         if problem:
             return _error(problem, 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
+        started, ok = time.perf_counter(), False
         try:
             result = pool.infer(spec, inputs)
+            ok = True
         except (BadRequest, ResourceError) as exc:
             return _error(str(exc), 400)
         except ModelUnavailable as exc:
@@ -161,6 +173,8 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
             log.exception("inference with %s failed", model_id)
             return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
+        finally:
+            metrics.call(spec.id, ok, time.perf_counter() - started)
         return jsonify(result)
 
     @app.get("/<any(images, audios, videos):folder>/<name>")

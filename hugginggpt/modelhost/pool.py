@@ -164,6 +164,7 @@ class ModelPool:
         self._locks: dict[str, threading.Lock] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self.evictions: list[str] = []
+        self.loads = 0  # models loaded since start (GET /metrics)
         self.peak_bytes = 0  # most memory held by loaded models at any time
 
     def _lock_for(self, model_id: str) -> threading.Lock:
@@ -191,6 +192,7 @@ class ModelPool:
                 log.info("loaded %s in %.1fs (%.1f MB)", spec.id, entry.load_seconds, entry.nbytes / 1e6)
                 with self._guard:
                     self._loaded[spec.id] = entry
+                    self.loads += 1
                     self.peak_bytes = max(self.peak_bytes, sum(e.nbytes for e in self._loaded.values()))
                 self._evict(keep=spec.id)  # the size was unknown or larger than the files said
             yield entry

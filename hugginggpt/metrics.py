@@ -1,0 +1,55 @@
+"""Prometheus metrics of one orchestrator, served at GET /metrics in the text format.
+
+Each app has its own registry (never prometheus_client's global one): two servers in one process, as in the
+tests, count apart, and nothing is shared between them. Labels are bounded: routes are the app's own rules
+(anything else is "other"), models are the catalog's ids, backends are the configured kinds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STAGES = ("plan", "select", "execute", "respond")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.http_requests = Counter("hugginggpt_http_requests", "HTTP requests answered, by route and status",
+                                     ["route", "status"], registry=r)
+        self.request_seconds = Histogram("hugginggpt_request_seconds", "Pipeline requests from start to answer, "
+                                         "by mode and outcome", ["mode", "outcome"], buckets=SECONDS, registry=r)
+        self.stage_seconds = Histogram("hugginggpt_stage_seconds", "Time in each stage of a request (select: per "
+                                       "task, while the plan streams or dependencies run)", ["stage"],
+                                       buckets=SECONDS, registry=r)
+        self.llm_calls = Counter("hugginggpt_llm_calls", "LLM calls by backend kind and outcome (ok, error)",
+                                 ["backend", "outcome"], registry=r)
+        self.llm_seconds = Histogram("hugginggpt_llm_seconds", "LLM call latency by backend kind", ["backend"],
+                                     buckets=SECONDS, registry=r)
+        self.llm_tokens = Counter("hugginggpt_llm_tokens", "Tokens the LLM reported using (prompt, completion), by "
+                                  "backend kind; calls whose backend reports no usage add nothing",
+                                  ["backend", "kind"], registry=r)
+        self.model_calls = Counter("hugginggpt_model_calls", "Model calls by model, backend and outcome (ok, error)",
+                                   ["model", "backend", "outcome"], registry=r)
+        self.model_seconds = Histogram("hugginggpt_model_seconds", "Model call latency by model and backend",
+                                       ["model", "backend"], buckets=SECONDS, registry=r)
+        self.rejected = Counter("hugginggpt_admission_rejections", "Requests refused with 429 because "
+                                "max_concurrent_requests were running", registry=r)
+        self.in_flight = Gauge("hugginggpt_requests_in_flight", "Pipeline requests running now", registry=r)
+
+    def llm_call(self, backend: str, ok: bool, seconds: float, usage: dict | None = None) -> None:
+        self.llm_calls.labels(backend, "ok" if ok else "error").inc()
+        self.llm_seconds.labels(backend).observe(seconds)
+        for kind in ("prompt", "completion"):
+            value = (usage or {}).get(f"{kind}_tokens")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                self.llm_tokens.labels(backend, kind).inc(value)
+
+    def model_call(self, model: str, backend: str, ok: bool, seconds: float) -> None:
+        self.model_calls.labels(model, backend, "ok" if ok else "error").inc()
+        self.model_seconds.labels(model, backend).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
