@@ -336,7 +336,7 @@ class LLMClient:
                 if piece:
                     piece = clean_text(str(piece))
                     chunks.append(piece)
-                    on_token(piece)
+                    _deliver(on_token, piece)
         finally:
             stream.close()
         return "".join(chunks)
@@ -354,6 +354,8 @@ class LLMClient:
                 timeout = min(timeout, left)
             try:
                 return attempt(timeout)
+            except _CallbackFailed as exc:  # our own code failed, not the LLM: its error, status and all
+                raise exc.error from exc.error.__cause__
             except (LLMError, DeadlineExceeded, _SchemaRejected):
                 raise
             except openai.APIStatusError as exc:
@@ -421,6 +423,22 @@ class _SchemaRejected(Exception):
 
 class _NotOpenAI(Exception):
     """The endpoint answered 200 with something that is not a completion object."""
+
+
+class _CallbackFailed(Exception):
+    """The caller's `on_token` raised: carried past the handlers that judge the LLM's answer, then re-raised
+    as itself (a sink's BadRequest stays a 400, a bug in our code is not blamed on the LLM's shape)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
+
+
+def _deliver(on_token: Callable[[str], None], piece: str) -> None:
+    try:
+        on_token(piece)
+    except Exception as exc:  # noqa: BLE001 - re-raised unchanged by LLMClient._call
+        raise _CallbackFailed(exc) from None
 
 
 def _backoff(tries: int) -> float:
