@@ -102,6 +102,7 @@ class LLMSettings:
     max_context_tokens: int | None = None
     trusted: bool = True  # False: the endpoint was named by a request, not by the config
     url_allowlist: tuple[str, ...] = ()  # the config's url_allowlist: what a request's api_endpoint may reach
+    endpoint_address: str | None = None  # a request's endpoint: the address the URL policy checked (connect there)
 
     def redacted(self) -> dict[str, Any]:
         """A loggable view: never the key itself, nor credentials in the endpoint URL."""
