@@ -30,6 +30,7 @@ from .request import ChatRequest, EventSink, RequestState, collect_result, valid
 from .requestctx import REQUEST_ID, ContextThreadPool
 from .respond import answer
 from .select import Availability, Selector, control_task_fixup
+from .urlpolicy import UrlPolicy
 
 __all__ = ["ChatRequest", "HuggingGPT", "RequestState", "collect_result", "validate_messages"]
 
@@ -45,7 +46,9 @@ class HuggingGPT:
         *,
         ranker: Ranker | None = None,
         backends: dict[str, Backend] | None = None,
+        url_policy: UrlPolicy | None = None,
     ):
+        """url_policy: for URLs and LLM endpoints that requests name (default: the config's url_allowlist)."""
         self.config = config
         self.prompts = PromptSet.from_config(config)
         self.catalog = Catalog.load(config.catalog_path)
@@ -58,7 +61,7 @@ class HuggingGPT:
         self.warmed = threading.Event()
         self.catalog_store: CatalogStore | None = None  # opened by `warm`
         self.clients = ClientCache(config.proxy)
-        self.url_policy = config.url_policy()
+        self.url_policy = url_policy or config.url_policy()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
                                        config.task_timeout, token=config.models_server_token, policy=self.url_policy,
                                        max_output_bytes=config.max_output_bytes, copy_timeout=config.fetch_timeout * 4,
@@ -137,7 +140,8 @@ class HuggingGPT:
     def llm_for(self, request: ChatRequest) -> LLMClient:
         return self.clients.get(with_overrides(self.config.llm, request.api_key, request.api_type,
                                                request.api_endpoint, request.model,
-                                               allow_endpoints=self.config.allow_request_endpoints))
+                                               allow_endpoints=self.config.allow_request_endpoints,
+                                               policy=self.url_policy))
 
     # -- the pipeline -----------------------------------------------------------------------------
 

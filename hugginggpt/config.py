@@ -50,7 +50,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
-        "http_idle_timeout", "models_server_hosts")},
+        "http_idle_timeout", "http_connections_per_client", "models_server_hosts")},
 }
 
 
@@ -85,6 +85,13 @@ class HttpLimits:
     header_timeout: float = 10.0  # seconds from a request's first byte (or the accept) to the end of its headers
     read_timeout: float = 120.0  # seconds from a request's first byte to the end of its body
     idle_timeout: float = 60.0  # a keep-alive connection with no request in progress and no traffic
+    connections_per_client: int | None = None  # open connections from one client address; None: see per_client
+
+    @property
+    def per_client(self) -> int:
+        """One address may hold at most this many connections (default a quarter of connection_limit), so a
+        single client cannot take every slot; behind a reverse proxy every client is the proxy's address."""
+        return self.connections_per_client or max(1, self.connection_limit // 4)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class LLMSettings:
     max_context_tokens: int | None = None
     trusted: bool = True  # False: the endpoint was named by a request, not by the config
     url_allowlist: tuple[str, ...] = ()  # the config's url_allowlist: what a request's api_endpoint may reach
+    endpoint_address: str | None = None  # a request's endpoint: the address the URL policy checked (connect there)
 
     def redacted(self) -> dict[str, Any]:
         """A loggable view: never the key itself, nor credentials in the endpoint URL."""
@@ -174,6 +182,7 @@ class Config:
     http_header_timeout: float = 10.0  # first byte (or accept) to the end of the headers
     http_read_timeout: float = 120.0  # first byte to the end of the body
     http_idle_timeout: float = 60.0  # a keep-alive connection with nothing in progress
+    http_connections_per_client: int | None = None  # per client address; None: http_connection_limit / 4
     # deployment and access control (see README "Deploying it")
     url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
@@ -203,7 +212,8 @@ class Config:
 
     def http_limits(self) -> HttpLimits:
         return HttpLimits(connection_limit=self.http_connection_limit, header_timeout=self.http_header_timeout,
-                          read_timeout=self.http_read_timeout, idle_timeout=self.http_idle_timeout)
+                          read_timeout=self.http_read_timeout, idle_timeout=self.http_idle_timeout,
+                          connections_per_client=self.http_connections_per_client)
 
     def url_policy(self):
         from .urlpolicy import UrlPolicy
@@ -451,6 +461,7 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         http_header_timeout=_seconds(data, "http_header_timeout", 10.0, path),
         http_read_timeout=_seconds(data, "http_read_timeout", 120.0, path),
         http_idle_timeout=_seconds(data, "http_idle_timeout", 60.0, path),
+        http_connections_per_client=_per_client(data, path),
         discovered_models=_choice(data, "discovered_models", ("hosted", "local", "off"), "hosted", path),
         discovered_authors_allow=_authors(data, "discovered_authors_allow", path),
         discovered_authors_deny=_authors(data, "discovered_authors_deny", path),
@@ -461,6 +472,16 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
         catalog_endpoint=_get(data, "catalog_sync.endpoint"),
         catalog_weights=_weights(data, path),
     )
+
+
+def _per_client(data: dict, path: Path) -> int | None:
+    """`http_connections_per_client`: a positive number no larger than `http_connection_limit`."""
+    value = _positive(data, "http_connections_per_client", 0, path) or None
+    limit = _positive(data, "http_connection_limit", 1000, path)
+    if value is not None and value > limit:
+        raise ConfigError(f"{path}: `http_connections_per_client` ({value}) must not exceed `http_connection_limit` "
+                          f"({limit})")
+    return value
 
 
 def _weights(data: dict, path: Path) -> dict[str, float]:

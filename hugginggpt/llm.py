@@ -84,10 +84,11 @@ def check_request_endpoint(url: Any) -> str:
     return url
 
 
-def _check_reachable_by_policy(endpoint: str, allowlist: tuple[str, ...]) -> None:
-    """A request-chosen endpoint passes the same outbound URL policy as any URL a request names."""
+def _check_reachable_by_policy(endpoint: str, policy: UrlPolicy) -> str:
+    """A request-chosen endpoint passes the same outbound URL policy as any URL a request names; returns the
+    address that was checked, the only one its client will connect to (no second lookup to rebind)."""
     try:
-        UrlPolicy.from_entries(allowlist).check(endpoint)
+        return policy.check(endpoint).address
     except ResourceError:
         raise LLMError(UNREACHABLE_ENDPOINT) from None
 
@@ -109,11 +110,13 @@ def with_overrides(
     model: str | None = None,
     *,
     allow_endpoints: bool = True,
+    policy: UrlPolicy | None = None,
 ) -> LLMSettings:
     """Per-request overrides from the request body; the config stays untouched.
 
     The configured key only ever goes to the configured endpoint: a request that names another endpoint
-    brings its own key, or none for a keyless local server.
+    brings its own key, or none for a keyless local server. That endpoint must pass `policy` (default: the
+    settings' url_allowlist), and the address it checked is pinned in the settings for the client.
     """
     changes: dict[str, Any] = {}
     if api_type is not None:
@@ -136,8 +139,8 @@ def with_overrides(
                 raise Forbidden("this server does not accept `api_endpoint` in requests "
                                 "(allow_request_endpoints is false in its config)")
             own_endpoint = True
-            _check_reachable_by_policy(endpoint, settings.url_allowlist)
-            changes.update(endpoint=endpoint, api_key=api_key, trusted=False)
+            address = _check_reachable_by_policy(endpoint, policy or UrlPolicy.from_entries(settings.url_allowlist))
+            changes.update(endpoint=endpoint, api_key=api_key, trusted=False, endpoint_address=address)
     if model is not None:
         changes["model"] = model
     merged = replace(settings, **changes)
@@ -148,6 +151,15 @@ def with_overrides(
     if merged.api_type in ("openai", "azure") and not merged.api_key and not own_endpoint:
         raise BadRequest(f"no API key for the {merged.api_type} backend: send api_key or configure one")
     return merged
+
+
+def _pins(settings: LLMSettings) -> dict[tuple[str, int], str] | None:
+    """(host, port) -> the checked address, for an endpoint a request named; None for a configured one."""
+    if settings.endpoint_address is None or not settings.endpoint:
+        return None
+    parts = urlsplit(settings.endpoint)
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return {(parts.hostname or "", port): settings.endpoint_address}
 
 
 def _azure_endpoint(url: str) -> str:
@@ -188,8 +200,10 @@ class LLMClient:
         self.settings = settings
         self.schema_format = 0  # index into SCHEMA_FORMATS of the first form not yet rejected
         # The SDK's own HTTP stack, with every read and write bounded by the request's deadline (a peer that
-        # dribbles one byte at a time would otherwise restart the read timeout forever).
-        transport = bound_by_deadlines(httpx2.HTTPTransport(proxy=proxy, limits=openai.DEFAULT_CONNECTION_LIMITS))
+        # dribbles one byte at a time would otherwise restart the read timeout forever); a request's own
+        # endpoint is connected only at the address the URL policy checked (behind a proxy, the proxy connects).
+        transport = bound_by_deadlines(httpx2.HTTPTransport(proxy=proxy, limits=openai.DEFAULT_CONNECTION_LIMITS),
+                                       pins=None if proxy else _pins(settings))
         http_client = httpx2.Client(transport=transport, timeout=settings.timeout, follow_redirects=True)
         common: dict[str, Any] = dict(
             api_key=settings.api_key or "not-needed",
@@ -343,7 +357,7 @@ class LLMClient:
                 if piece:
                     piece = clean_text(str(piece))
                     chunks.append(piece)
-                    on_token(piece)
+                    _deliver(on_token, piece)
         finally:
             stream.close()
         return "".join(chunks)
@@ -361,6 +375,8 @@ class LLMClient:
                 timeout = min(timeout, left)
             try:
                 return attempt(timeout)
+            except _CallbackFailed as exc:  # our own code failed, not the LLM: its error, status and all
+                raise exc.error from exc.error.__cause__
             except (LLMError, DeadlineExceeded, _SchemaRejected):
                 raise
             except openai.APIStatusError as exc:
@@ -428,6 +444,22 @@ class _SchemaRejected(Exception):
 
 class _NotOpenAI(Exception):
     """The endpoint answered 200 with something that is not a completion object."""
+
+
+class _CallbackFailed(Exception):
+    """The caller's `on_token` raised: carried past the handlers that judge the LLM's answer, then re-raised
+    as itself (a sink's BadRequest stays a 400, a bug in our code is not blamed on the LLM's shape)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
+
+
+def _deliver(on_token: Callable[[str], None], piece: str) -> None:
+    try:
+        on_token(piece)
+    except Exception as exc:  # noqa: BLE001 - re-raised unchanged by LLMClient._call
+        raise _CallbackFailed(exc) from None
 
 
 def _backoff(tries: int) -> float:

@@ -11,7 +11,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 LLM_MODEL_ID = "ChatGPT"  # JARVIS's name for "the LLM answers this text task itself"
 RESOURCE_ARGS = ("image", "audio", "video")
+PERMIT_ROUNDS = 8  # searches past denied rows per task: 10 + 20 + ... + 1280 rows at most
 
 
 def is_reference(value: str) -> bool:
@@ -231,14 +232,34 @@ class Selector:
         store = self.store
         if store is not None:
             vectors = getattr(self.ranker, "query_vectors", None)
-            found = store.search(task.task, query.text, limit=limit, language=query.language,
-                                 max_size_mb=query.max_size_mb, exclude=exclude,
-                                 query_vector=vectors([query])[0] if vectors is not None else None)
+            vector = vectors([query])[0] if vectors is not None else None
+
+            def search(n: int, skip: set[str]) -> list[Candidate]:
+                return store.search(task.task, query.text, limit=n, language=query.language,
+                                    max_size_mb=query.max_size_mb, exclude=skip, query_vector=vector)
         else:
-            skip = set(exclude)
-            ranked = self.catalog.ranked(query, self.ranker, limit=limit + len(skip))
-            found = [Candidate(card, score, Factors(meaning=score)) for card, score in ranked if card.id not in skip]
-        return [c for c in found if self.permitted(c.card.id)][:limit]
+            def search(n: int, skip: set[str]) -> list[Candidate]:
+                ranked = self.catalog.ranked(query, self.ranker, limit=n + len(skip))
+                return [Candidate(card, score, Factors(meaning=score)) for card, score in ranked
+                        if card.id not in skip][:n]
+        return self._permitted_best(search, limit, set(exclude))
+
+    def _permitted_best(self, search: Callable[[int, set[str]], list[Candidate]], limit: int,
+                        skip: set[str]) -> list[Candidate]:
+        """The `limit` best candidates that allowed_models / denied_models permit. The filter comes before the
+        limit: when the best rows are denied, the search is asked again past them (excluding every row it has
+        returned, asking for more each time), so permitted models ranked below denied ones are still found."""
+        kept: list[Candidate] = []
+        want = limit
+        for _ in range(PERMIT_ROUNDS):
+            found = search(want, skip)
+            kept += [c for c in found if self.permitted(c.card.id)]
+            if len(kept) >= limit or len(found) < want:  # enough, or the catalog has no more rows
+                break
+            skip = skip | {c.card.id for c in found}
+            want *= 2
+        kept.sort(key=lambda c: -c.score)
+        return kept[:limit]
 
     def search(self, task: str | None, text: str, limit: int) -> list[dict[str, Any]]:
         """The catalog as people browse it (GET /models/search): cards for `task` (or every task), best first."""

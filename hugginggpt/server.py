@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -331,14 +332,19 @@ def overdue(channel: Any, now: float, limits: HttpLimits) -> str | None:
     return None
 
 
+def _listeners(server: Any) -> list[Any]:
+    """The listening sockets of a waitress server (one, or several for several addresses)."""
+    from waitress.server import BaseWSGIServer
+
+    listeners = [s for s in getattr(server, "map", {}).values() if isinstance(s, BaseWSGIServer)]
+    return listeners or [server]
+
+
 def guard_slow_clients(server: Any, limits: HttpLimits) -> None:
     """Give every listening socket of a waitress server the timed channel and a sweep, once a second, that
     closes connections whose request has been arriving for longer than the limits allow."""
-    from waitress.server import BaseWSGIServer
-
     channel_class = _timed_channel_class()
-    listeners = [s for s in getattr(server, "map", {}).values() if isinstance(s, BaseWSGIServer)]
-    for listener in listeners or [server]:
+    for listener in _listeners(server):
         listener.channel_class = channel_class
         idle_sweep = listener.maintenance
 
@@ -356,6 +362,71 @@ def guard_slow_clients(server: Any, limits: HttpLimits) -> None:
                 log.info("closed %d slow connection(s) (a request arriving for longer than http_header_timeout "
                          "or http_read_timeout)", closed)
 
+        listener.maintenance = maintenance
+
+
+_TURNED_AWAY_BODY = json.dumps({"error": {
+    "message": "too many open connections from your address (http_connections_per_client); close some and retry",
+    "type": "rate_limit_error"}}).encode()
+TURNED_AWAY = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 5\r\n"
+               b"Connection: close\r\nContent-Length: " + str(len(_TURNED_AWAY_BODY)).encode() + b"\r\n\r\n"
+               + _TURNED_AWAY_BODY)
+
+
+def client_address(addr: Any) -> str | None:
+    """The client's IP address of a connection (None for a Unix socket)."""
+    if isinstance(addr, tuple) and addr and isinstance(addr[0], str) and addr[0]:
+        return addr[0]
+    return None
+
+
+def open_from(listener: Any, address: str) -> int:
+    """How many connections `address` holds on this listener (a scan of its channels: microseconds)."""
+    return sum(1 for channel in list(listener.active_channels.values())
+               if client_address(getattr(channel, "addr", None)) == address)
+
+
+def _turn_away(conn: Any) -> None:
+    """One short 429 (best effort: the socket's send buffer takes it at once) and the connection is closed."""
+    try:
+        conn.setblocking(False)
+        conn.send(TURNED_AWAY)
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def limit_connections_per_client(server: Any, limits: HttpLimits) -> None:
+    """No client address holds more than `limits.per_client` connections of a listener: past it, a new
+    connection gets a 429 and is closed at once, before waitress makes it a channel. Without this, one client
+    that opens `http_connection_limit` slow connections stops every other client from being served (waitress
+    stops accepting at the limit). Refusals are logged once per sweep, not once per connection."""
+    cap = limits.per_client
+    for listener in _listeners(server):
+        accept, sweep = listener.accept, listener.maintenance
+        refused: dict[str, int] = {}
+
+        def accept_within_cap(accept=accept, listener=listener, refused=refused):
+            got = accept()
+            if got is None:
+                return None
+            conn, addr = got
+            address = client_address(addr)
+            if address is not None and open_from(listener, address) >= cap:
+                _turn_away(conn)
+                refused[address] = refused.get(address, 0) + 1
+                return None
+            return got
+
+        def maintenance(now: float, sweep=sweep, refused=refused) -> None:
+            sweep(now)
+            for address, count in list(refused.items()):
+                log.warning("turned away %d connection(s) from %s: it already holds %d (http_connections_per_client)",
+                            count, address, cap)
+            refused.clear()
+
+        listener.accept = accept_within_cap
         listener.maintenance = maintenance
 
 
@@ -383,7 +454,8 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
           port_option: str = "http_listen.port", limits: HttpLimits | None = None) -> int:
     """Production WSGI server; each request runs on its own thread with its own state.
 
-    limits: connection limit and read deadlines against slow clients (HttpLimits() when None).
+    limits: connection limits (in all, per client address) and read deadlines against slow clients
+    (HttpLimits() when None).
     Returns an exit status: 2 with one line when the address cannot be taken (port in use, no permission).
     """
     from waitress import create_server
@@ -404,6 +476,7 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
               file=sys.stderr)
         return 2
     guard_slow_clients(server, limits)
+    limit_connections_per_client(server, replace(limits, connection_limit=connection_limit))
     try:
         server.run()
     except KeyboardInterrupt:

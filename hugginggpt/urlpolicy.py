@@ -5,7 +5,8 @@ reserved and unspecified addresses are refused, including their IPv6 forms that 
 (`::ffff:169.254.169.254`, 6to4, NAT64). The host is resolved once and the connection goes to the very
 address that was checked (no second lookup for DNS rebinding to exploit); every redirect hop is checked
 again. `url_allowlist` (host names or CIDRs) opens exceptions. Endpoints named by the config (LLM,
-models server, hosted inference) never pass through here: they are trusted.
+models server, hosted inference) never pass through here: they are trusted. An LLM endpoint a request names
+is checked here too, and its client connects only to the checked address (`PinnedBackend`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -500,10 +501,36 @@ class DeadlineBackend(httpcore2.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-def bound_by_deadlines(transport: Any) -> Any:
-    """An httpx2 transport whose connections obey `deadline_scope` (its pool's network backend wrapped)."""
+class PinnedBackend(httpcore2.NetworkBackend):
+    """Connects a host name only to the address the URL policy checked for it (`pins`: (host, port) ->
+    address), so no second lookup happens for DNS rebinding to exploit. Any other host or port (a redirect
+    elsewhere) is refused. TLS still verifies the host name: httpcore gives the name, not the address, as SNI."""
+
+    def __init__(self, pins: Mapping[tuple[str, int], str], inner: httpcore2.NetworkBackend | None = None):
+        self._pins = {(_canonical_host(host), port): address for (host, port), address in pins.items()}
+        self._inner = inner or httpcore2.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore2.NetworkStream:
+        address = self._pins.get((_canonical_host(host), port))
+        if address is None:
+            raise httpcore2.ConnectError(f"{host}:{port} was not checked by the URL policy")
+        return self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> httpcore2.NetworkStream:
+        raise httpcore2.ConnectError("a pinned client connects only to checked addresses")
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def bound_by_deadlines(transport: Any, pins: Mapping[tuple[str, int], str] | None = None) -> Any:
+    """An httpx2 transport whose connections obey `deadline_scope` (its pool's network backend wrapped);
+    with `pins`, it also connects only to those checked addresses (`PinnedBackend`)."""
     pool = getattr(transport, "_pool", None)
     if pool is not None and hasattr(pool, "_network_backend") and not isinstance(pool._network_backend,
                                                                                  DeadlineBackend):
-        pool._network_backend = DeadlineBackend(pool._network_backend)
+        inner = pool._network_backend
+        pool._network_backend = DeadlineBackend(PinnedBackend(pins, inner) if pins is not None else inner)
     return transport

@@ -44,6 +44,9 @@ def test_missing_openai_key_names_the_key_and_the_file():
     ("dev: true\n", "`local.endpoint` is required"),
     ("openai: [unclosed\n", "not valid YAML"),
     ("- a\n- b\n", "top level must be a mapping"),
+    ("openai: {api_key: x}\nhttp_connection_limit: 50\nhttp_connections_per_client: 80\n",
+     "`http_connections_per_client` (80) must not exceed `http_connection_limit` (50)"),
+    ("openai: {api_key: x}\nhttp_connections_per_client: 0\n", "`http_connections_per_client` must be a positive"),
 ])
 def test_bad_configs_give_one_clear_line(tmp_path, text, words):
     path = tmp_path / "c.yaml"
@@ -51,6 +54,16 @@ def test_bad_configs_give_one_clear_line(tmp_path, text, words):
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert words in str(info.value) and str(path) in str(info.value)
+
+
+def test_the_connection_cap_per_client_defaults_to_a_quarter_of_the_limit(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("openai: {api_key: x}\nhttp_connection_limit: 400\n")
+    assert load_config(path, env={}).http_limits().per_client == 100
+    path.write_text("openai: {api_key: x}\nhttp_connections_per_client: 7\n")
+    assert load_config(path, env={}).http_limits().per_client == 7
+    path.write_text("openai: {api_key: x}\n")
+    assert load_config(path, env={}).http_limits().per_client == 250
 
 
 def test_cli_reports_config_errors_without_a_traceback(tmp_path):

@@ -121,6 +121,77 @@ def test_a_dribbling_models_server_is_cut_at_the_task_deadline(tmp_path, llm, pu
         peer.stop()
 
 
+class DribblingHosted:
+    """A hosted inference endpoint (JARVIS `/status/<id>`, hf-inference `POST /models/<id>`) whose status answers
+    at once and whose inference answer is one space every `pause` seconds, never finished."""
+
+    def __init__(self, pause: float):
+        self.pause = pause
+        self.calls = 0
+        self.hung_up: list[float] = []  # when the client closed each inference connection (a write failed)
+
+    def app(self) -> Flask:
+        app = Flask("dribbling-hosted")
+
+        @app.get("/status/<path:model_id>")
+        def status(model_id):
+            return jsonify({"loaded": True, "state": "Loaded"})
+
+        @app.post("/models/<path:model_id>")
+        def infer(model_id):
+            self.calls += 1
+
+            def drip():
+                ends = time.monotonic() + 40
+                try:
+                    while time.monotonic() < ends:
+                        yield " "
+                        time.sleep(self.pause)
+                except GeneratorExit:
+                    self.hung_up.append(time.monotonic())
+                    raise
+            return Response(drip(), mimetype="application/json")
+
+        return app
+
+
+@pytest.mark.parametrize("request_timeout, task_timeout", [(4, 60), (30, 3)])
+def test_a_dribbling_hosted_inference_endpoint_is_cut_at_the_deadline(tmp_path, llm, public_dir, request_timeout,
+                                                                      task_timeout):
+    """One byte every 2 s never trips InferenceClient's read timeout; the request's deadline (4 s) or the
+    task's (task_timeout 3 s), whichever comes first, ends the call: the client is answered and the connection
+    to the endpoint is closed (not left to dribble on in the background)."""
+    fake = DribblingHosted(2.0)
+    peer = ThreadedServer(fake.app()).start()
+    try:
+        config = write_config(tmp_path, llm.base_url, "http://127.0.0.1:9", public_dir, semantic_ranking=False,
+                              inference_mode="huggingface", huggingface={"token": "hf_test", "base_url": peer.url},
+                              request_timeout=request_timeout, task_timeout=task_timeout, num_candidate_models=1)
+        srv = start_server(config, tmp_path)
+        try:
+            llm.on("parse_task", plan(("text-classification", [-1], {"text": "what a lovely day"})))
+            started = time.monotonic()
+            resp = srv.post("/results", ask("how does this sound?"), timeout=60)
+            took = time.monotonic() - started
+            bound = min(request_timeout, task_timeout)
+            assert fake.calls >= 1
+            assert took < bound + 2.5, f"a dribbling hosted endpoint held the request {took:.1f} s (bound {bound} s)"
+            assert resp.status_code in (200, 504), resp.text
+            if task_timeout < request_timeout:
+                result = resp.json()["0"]["inference result"]
+                assert "timed out" in json.dumps(result), result
+            while not fake.hung_up and time.monotonic() < started + bound + 8:
+                time.sleep(0.2)
+            # the peer notices at its next byte (every 2 s) that the connection was closed
+            assert fake.hung_up and fake.hung_up[0] - started < bound + 2.5 + fake.pause, \
+                "the connection to the hosted endpoint outlived the deadline"
+        finally:
+            stop_server(srv)
+        assert "hf_test" not in srv.logs()
+    finally:
+        peer.stop()
+
+
 def test_credentials_in_the_configured_llm_url_are_never_shown(tmp_path, models_server, public_dir):
     _, models_url = models_server
     closed = free_port()

@@ -110,3 +110,45 @@ def test_a_plan_over_max_tasks_is_refused_at_once_and_what_streamed_is_stopped(t
     assert planned.plan is None and "40 tasks" in planned.reply and "at most 32" in planned.reply
     assert len(sink.started) <= 32 and sink.stops == 1  # what had started was stopped
     assert "plan" not in [name for name, _ in events]
+
+
+def test_an_error_raised_by_the_sink_surfaces_as_itself_not_as_the_llms_fault(tmp_path, llm):
+    """The LLM answered well; our sink failed. A 4xx of ours stays a 4xx, and a bug of ours is not reported as
+    "the LLM answered in an unexpected shape" (issue 20, round 2)."""
+    import pytest
+
+    from hugginggpt.errors import BadRequest, LLMError
+
+    for error in (BadRequest("task 0 names a file this server does not have"), KeyError("a bug in our sink"),
+                  ValueError("a bug in our sink")):
+        llm.on("parse_task", json.dumps([FOX, CAPTION]))
+        planner, state, _ = make(tmp_path, llm)
+        sink = RecordingSink()
+
+        def fail(task, error=error):
+            raise error
+
+        sink.start = fail
+        with pytest.raises(Exception) as info:
+            planner.plan(state, sink)
+        assert info.value is error, f"{error!r} came out as {info.value!r}"
+        assert not isinstance(info.value, LLMError)
+
+
+def test_an_error_raised_by_on_token_is_not_blamed_on_the_llm(llm):
+    """LLMClient.chat(on_token=...) against the scripted server: the callback's own error comes out."""
+    import pytest
+
+    from hugginggpt.config import LLMSettings
+
+    llm.on("chitchat", "hello there")
+    client = LLMClient(LLMSettings(api_type="local", endpoint=llm.base_url + "/v1", model="scripted", max_retries=0))
+    pieces: list[str] = []
+    assert client.chat([{"role": "user", "content": "hi"}], on_token=pieces.append) == "hello there"
+    assert "".join(pieces) == "hello there"
+
+    def broken(piece: str) -> None:
+        raise TypeError("the display went away")
+
+    with pytest.raises(TypeError, match="the display went away"):
+        client.chat([{"role": "user", "content": "hi"}], on_token=broken)

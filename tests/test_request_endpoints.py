@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
+import requests
 
+from hugginggpt.catalog import KeywordRanker
+from hugginggpt.chat import HuggingGPT
+from hugginggpt.config import load_config
+from hugginggpt.server import create_app
+from hugginggpt.urlpolicy import UrlPolicy
 from tests.conftest import free_port, start_server, stop_server, write_config
+from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
 
 
 def ask(text: str, **extra) -> dict:
@@ -72,3 +80,39 @@ def test_a_key_a_header_cannot_carry_gets_a_400(strict, llm, key):
     assert resp.status_code == 400, resp.text[:300]
     assert "HTTP header" in resp.json()["error"]["message"]
     assert llm.requests == []
+
+
+def test_the_request_endpoint_is_connected_at_the_address_that_was_checked(tmp_path, llm, models_server, public_dir):
+    """DNS rebinding: `localhost` first resolves to 127.0.0.2 (allowlisted), afterwards to 127.0.0.1 (an internal
+    service on the same port, not allowlisted). The server resolves once, through its URL policy's resolver,
+    and the LLM client connects to that very address; a second lookup (the HTTP stack's own) would reach
+    127.0.0.1."""
+    port = free_port()
+    checked, internal = ScriptedLLM(), ScriptedLLM()
+    checked_srv = ThreadedServer(checked.app(), port=port, host="127.0.0.2").start()
+    internal_srv = ThreadedServer(internal.app(), port=port, host="127.0.0.1").start()
+    lookups: list[str] = []
+
+    def rebinding(host: str, port: int) -> list[str]:
+        lookups.append(host)
+        return ["127.0.0.2"] if len(lookups) == 1 else ["127.0.0.1"]
+
+    config = load_config(write_config(tmp_path, llm.base_url, models_server[1], public_dir, semantic_ranking=False,
+                                      llm_max_retries=0, url_allowlist=["127.0.0.2/32"]))
+    engine = HuggingGPT(config, ranker=KeywordRanker(),
+                        url_policy=UrlPolicy.from_entries(config.url_allowlist, resolver=rebinding))
+    srv = ThreadedServer(create_app(config, engine)).start()
+    try:
+        checked.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}}]))
+        resp = requests.post(srv.url + "/tasks", json=ask("draw a fox", api_endpoint=f"http://localhost:{port}/v1",
+                                                         api_key="k-own"), timeout=20)
+    finally:
+        srv.stop()
+        checked_srv.stop()
+        internal_srv.stop()
+    assert internal.requests == [], "the client looked the name up again and reached the rebound address"
+    assert resp.status_code == 200, resp.text
+    assert resp.json()[0]["task"] == "text-to-image"
+    assert lookups == ["localhost"]  # one lookup, by the policy
+    headers = {k.lower(): v for k, v in checked.requests[-1]["headers"].items()}
+    assert headers["host"] == f"localhost:{port}" and headers["authorization"] == "Bearer k-own"

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+import requests
 
 from hugginggpt.select import Availability
 from tests.conftest import start_server, stop_server, write_config
@@ -175,3 +176,32 @@ def test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run(tm
     assert not any(c["model"].startswith("Salesforce/") or c["model"].startswith("stabilityai/")
                    for c in models.calls)
     assert search.status_code == 200
+
+
+def test_denied_models_are_filtered_before_the_catalog_stores_limit(tmp_path, llm, models, models_server, public_dir):
+    """Twelve popular models of a task are denied; the one permitted model, ranked below all of them in the
+    catalog store, is still chosen (the filter must come before the store's top-N, issue 20 round 2)."""
+    denied = [{"id": f"popular/ner-{i}", "task": "token-classification", "likes": 50000 - i, "downloads": 9000000 - i,
+               "description": "named entity recognition of persons and places", "language": ["en"]}
+              for i in range(12)]
+    quiet = {"id": "quiet/ner", "task": "token-classification", "likes": 1, "downloads": 10,
+             "description": "named entity recognition of persons and places", "language": ["en"]}
+    catalog = tmp_path / "catalog.jsonl"
+    catalog.write_text("\n".join(json.dumps(c) for c in [*denied, quiet]) + "\n")
+    models.models = {c["id"]: c["task"] for c in [*denied, quiet]}  # every one of them could run
+    config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, semantic_ranking=False,
+                          catalog=str(catalog), choose_model="ranking", denied_models=["popular/*"])
+    srv = start_server(config, tmp_path)
+    try:
+        llm.on("parse_task", json.dumps([{"task": "token-classification", "id": 0, "dep": [-1],
+                                          "args": {"text": "Anna lives in Berlin"}}]))
+        body = {"messages": [{"role": "user", "content": "find the names"}], "return_decisions": True}
+        resp = srv.post("/hugginggpt", body)
+        search = requests.get(srv.url + "/models/search?task=token-classification&limit=5", timeout=10)
+    finally:
+        stop_server(srv)
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["decisions"]["model_selections"]["0"]
+    assert choice["selected_model"] == "quiet/ner", choice
+    assert choice["available_candidates"]["local"] == ["quiet/ner"]
+    assert [m["id"] for m in search.json()] == ["quiet/ner"]  # browsing shows the same: no denied model

@@ -81,6 +81,58 @@ def test_slow_connections_leave_both_servers_serving_and_are_cut_at_the_header_d
         models_proc.wait(10)
 
 
+GREEDY = 60
+LIMIT = 40  # http_connection_limit; the default cap per client address is a quarter: 10
+
+
+def refused(sock: socket.socket) -> bool:
+    """The server closed this connection, with or without its 429."""
+    try:
+        data = sock.recv(4096)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return data == b"" or data.startswith(b"HTTP/1.1 429")
+
+
+def test_one_client_address_cannot_take_every_connection_slot(tmp_path, llm_server, public_dir):
+    """A greedy client on 127.0.0.2 opens 60 slow connections to each server (http_connection_limit 40, the
+    header deadline far away): it keeps 10 (the default cap per address), the rest are turned away at once,
+    and a client on 127.0.0.1 is still served by both servers."""
+    limits = [f"http_connection_limit: {LIMIT}", "http_header_timeout: 60"]
+    models_proc, models_url = start_models_server(tmp_path, tmp_path / "models", public_dir, deployment="minimal",
+                                                  extra=tuple(limits))
+    config = write_config(tmp_path, llm_server.base_url, models_url, public_dir, semantic_ranking=False,
+                          http_connection_limit=LIMIT, http_header_timeout=60)
+    srv = start_server(config, tmp_path)
+    greedy: dict[str, list[socket.socket]] = {}
+    try:
+        for url in (srv.url, models_url):
+            host, port = url.rsplit("/", 1)[1].split(":")
+            socks = greedy[url] = []
+            for _ in range(GREEDY):
+                sock = socket.create_connection((host, int(port)), timeout=2, source_address=("127.0.0.2", 0))
+                sock.sendall(REQUEST[:1])  # a request that has begun and will never finish
+                sock.setblocking(False)
+                socks.append(sock)
+        time.sleep(1.5)
+        for url, path in ((srv.url, "/health"), (models_url, "/running")):
+            t0 = time.monotonic()
+            resp = requests.get(url + path, timeout=3)
+            assert resp.status_code == 200 and time.monotonic() - t0 < 2, url
+            kept = [s for s in greedy[url] if not refused(s)]
+            assert len(kept) == LIMIT // 4, f"{url}: the greedy client holds {len(kept)} connections"
+        assert "http_connections_per_client" in srv.logs()
+    finally:
+        for socks in greedy.values():
+            for sock in socks:
+                sock.close()
+        stop_server(srv)
+        models_proc.terminate()
+        models_proc.wait(10)
+
+
 class FakeRequest:
     def __init__(self, started: float, headers_finished: bool = False):
         self.started, self.headers_finished, self.completed = started, headers_finished, False

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ import requests
 
 from ..errors import BackendError
 from ..resources import decode_image, save_bytes, save_image
+from ..urlpolicy import bound_by_deadlines, deadline_scope, redact_urls_in, watched_adapter
 from . import TaskInputs
 from .normalize import draw_boxes, overlay_masks
 
@@ -49,8 +52,11 @@ class HostedInference:
         self.timeout = timeout
         self.status_timeout = status_timeout
         self.proxies = {"http": proxy, "https": proxy} if proxy else None
-        if proxy:
-            _use_proxy(proxy)
+        install_hub_client(proxy)
+        self._http = requests.Session()
+        adapter = watched_adapter()  # a status endpoint that dribbles is cut at status_timeout too
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
 
     @classmethod
     def from_config(cls, config) -> HostedInference:
@@ -70,15 +76,17 @@ class HostedInference:
         if not self.token:
             return False
         try:
-            if self.custom_base:
-                url = self.model_url(model_id).replace("/models/", "/status/", 1)
-                resp = requests.get(url, headers=self._headers(), timeout=self.status_timeout, proxies=self.proxies)
-                data = resp.json() if resp.status_code == 200 else {}
-                return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
-            from huggingface_hub import HfApi
+            with deadline_scope(time.monotonic() + self.status_timeout):
+                if self.custom_base:
+                    url = self.model_url(model_id).replace("/models/", "/status/", 1)
+                    resp = self._http.get(url, headers=self._headers(), timeout=self.status_timeout,
+                                          proxies=self.proxies)
+                    data = resp.json() if resp.status_code == 200 else {}
+                    return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
+                from huggingface_hub import HfApi
 
-            info = HfApi(token=self.token).model_info(model_id, expand=["inference"], timeout=self.status_timeout)
-            return getattr(info, "inference", None) == "warm"
+                info = HfApi(token=self.token).model_info(model_id, expand=["inference"], timeout=self.status_timeout)
+                return getattr(info, "inference", None) == "warm"
         except Exception:  # noqa: BLE001 - any failure means "not available now"
             return False
 
@@ -92,29 +100,72 @@ class HostedInference:
         handler = HANDLERS.get(inputs.task)
         if handler is None:
             raise BackendError(f"hosted inference does not support {inputs.task}")
-        try:
-            return handler(self, client, self.model_url(model_id), inputs)
-        except BackendError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
-            message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-            if self.token:
-                message = message.replace(self.token, "***")
-            raise BackendError(f"hosted inference of {model_id} failed: {message[:300]}") from None
+        # task_timeout bounds the whole call, however the endpoint paces its bytes (InferenceClient's own timeout
+        # is per read); the request's deadline, when it comes first, is the bound (scopes nest)
+        with deadline_scope(time.monotonic() + self.timeout) as watch:
+            try:
+                return handler(self, client, self.model_url(model_id), inputs)
+            except BackendError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
+                if _timed_out(exc):
+                    left = watch.deadline - time.monotonic() if watch is not None else 1.0
+                    why = "the deadline passed" if left <= 0.05 else f"no answer for {self.timeout:.0f}s"
+                    raise BackendError(f"hosted inference of {model_id} timed out ({why})") from None
+                message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+                if self.token:
+                    message = message.replace(self.token, "***")
+                raise BackendError(f"hosted inference of {model_id} failed: {redact_urls_in(message)[:300]}") \
+                    from None
 
     def save_image(self, image: Any) -> str:
         return save_image(self.public_dir, image)
 
 
-def _use_proxy(proxy: str) -> None:
-    """huggingface_hub's HTTP clients come from one factory; route them through the proxy."""
-    try:
-        import httpx
+_installed: list[str | None] = []
+_install_lock = threading.Lock()
+
+
+def install_hub_client(proxy: str | None) -> None:
+    """huggingface_hub makes every HTTP call (InferenceClient, HfApi, downloads) through one process-wide client
+    from a factory: ours bounds each read and write by the thread's `deadline_scope` (a hosted endpoint that
+    dribbles a byte every few seconds would otherwise restart the read timeout for ever) and goes through
+    `proxy`. Outside a deadline scope it behaves like the library's own client. Installed once per process."""
+    with _install_lock:
+        if _installed and _installed[0] == proxy:
+            return
+        import httpx2
         from huggingface_hub import set_client_factory
 
-        set_client_factory(lambda: httpx.Client(proxy=proxy, follow_redirects=True))
-    except Exception:  # noqa: BLE001
-        log.warning("could not configure the proxy for huggingface_hub; set HTTPS_PROXY instead")
+        try:
+            from huggingface_hub.utils._http import hf_request_event_hook  # offline mode, request ids
+            hooks = {"request": [hf_request_event_hook]}
+        except ImportError:  # pragma: no cover - a huggingface_hub without it
+            hooks = {}
+
+        def factory() -> httpx2.Client:
+            client = httpx2.Client(proxy=proxy, event_hooks=hooks, follow_redirects=True, timeout=None)
+            for transport in (client._transport, *client._mounts.values()):  # env proxies are mounts
+                if transport is not None:
+                    bound_by_deadlines(transport)
+            return client
+
+        set_client_factory(factory)
+        _installed[:] = [proxy]
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    """InferenceClient's timeout error, or the HTTP client's, anywhere in the chain."""
+    import httpx2
+    from huggingface_hub.errors import InferenceTimeoutError
+
+    for _ in range(10):
+        if exc is None:
+            return False
+        if isinstance(exc, (httpx2.TimeoutException, InferenceTimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _need(inputs: TaskInputs, field: str) -> Any:

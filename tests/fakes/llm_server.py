@@ -208,10 +208,10 @@ class ScriptedLLM:
 class ThreadedServer:
     """A WSGI app served on a free loopback port from a background thread."""
 
-    def __init__(self, app: Flask, port: int = 0):
-        self.server = make_server("127.0.0.1", port, app, threaded=True)
+    def __init__(self, app: Flask, port: int = 0, host: str = "127.0.0.1"):
+        self.server = make_server(host, port, app, threaded=True)
         self.port = self.server.server_port
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def start(self) -> ThreadedServer:
