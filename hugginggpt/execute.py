@@ -12,7 +12,7 @@ import json
 import logging
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from .backends import Backend, TaskInputs
@@ -206,6 +206,11 @@ class Round:
         task = self.by_id.get(payload.get("id"))
         if task is not None:
             payload["task"] = task.task
+        if name == "task_started" and task is not None:
+            # "started" after "model chosen": the task waits for its choice anyway (run_task), so say it then
+            choice = state.selections.get(task.id)
+            if choice is not None:
+                wait([choice], timeout=max(0.0, state.deadline - time.monotonic()))
         if name in ("task_finished", "task_failed") and not payload.get("skipped"):
             with state.lock:
                 seconds = state.model_seconds.get(payload.get("id"))
