@@ -262,3 +262,37 @@ def test_make_cli_chats_on_the_demo_stack_offline(tmp_path):
         term.read_until("demo stopped", timeout=60)
     finally:
         term.close()
+
+
+class SlowTerminal:
+    """A terminal that takes a moment per write, as a real one under load does (where threads interleave)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        time.sleep(0.0005)
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_lines_from_many_threads_are_never_glued():
+    from hugginggpt.cli import Turn, progress_printer
+
+    out = SlowTerminal()
+    show = progress_printer(out, Turn(), threading.Event())
+
+    def events(tid: int) -> None:
+        for n in range(15):
+            show("task_started", {"id": tid, "task": "object-detection", "t": n / 100})
+
+    threads = [threading.Thread(target=events, args=(tid,)) for tid in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = "".join(out.parts).split("\n")
+    assert lines[-1] == "" and len(lines) == 8 * 15 + 1
+    assert all(re.fullmatch(r"  \[\s*\d+\.\d+s\] #\d object-detection started", line) for line in lines[:-1]), lines
