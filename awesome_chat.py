@@ -66,11 +66,23 @@ def main(argv: list[str] | None = None) -> int:
 
     from hugginggpt.logs import setup_logging
 
+    if args.mode == "text" and not args.input:
+        print("--mode text needs --input \"your request\"", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config, strict=args.strict)
         for warning in config.warnings:
             print(f"warning: {warning}", file=sys.stderr)
         setup_logging(config.debug, config.log_file, quiet=args.mode != "server")
+        if args.mode == "server":  # before building anything: a taken port is a one-line error at once
+            from hugginggpt.checks import port_problem
+
+            host, port = args.host or config.http_host, args.port or config.http_port
+            problem = port_problem(host, port)
+            if problem:
+                print(f"error: {host}:{port} {problem}; choose another with --port (or http_listen.port in the "
+                      "config)", file=sys.stderr)
+                return 2
         engine = HuggingGPT(config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -79,18 +91,26 @@ def main(argv: list[str] | None = None) -> int:
         from hugginggpt.server import create_app, serve
 
         threading.Thread(target=engine.warm, name="warm-ranker", daemon=True).start()
-        host, port = args.host or config.http_host, args.port or config.http_port
-        print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.redacted()})", file=sys.stderr, flush=True)
+        print(f"HuggingGPT server on http://{host}:{port} (LLM: {config.llm.summary()})", file=sys.stderr, flush=True)
+        threading.Thread(target=start_checks, args=(engine,), name="start-checks", daemon=True).start()
         threads = config.http_threads or config.max_concurrent_requests + 16
         return serve(create_app(config, engine), host, port, threads=threads, limits=config.http_limits())
     from hugginggpt.cli import run_cli, run_text
 
     if args.mode == "text":
-        if not args.input:
-            print("--mode text needs --input \"your request\"", file=sys.stderr)
-            return 2
         return run_text(engine, args.input)
     return run_cli(engine)
+
+
+def start_checks(engine: HuggingGPT) -> None:
+    """One line each for the LLM and the models server at start: what answers, what does not (not fatal)."""
+    where = {"llm": f"the LLM ({engine.config.llm.summary()})",
+             "models_server": f"the models server at {engine.config.models_server_url}"}
+    for name, problem in engine.checks(fresh=True).items():
+        if problem is None:
+            print(f"check: {where[name]} answers", file=sys.stderr, flush=True)
+        elif problem != "unused":
+            print(f"warning: {problem}; requests that need it fail until it is up", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from .backends import Backend
 from .backends.local import LocalModelsServer
 from .catalog import Catalog, KeywordRanker, Ranker
 from .catalog.store import CatalogStore
+from .checks import CachedCheck, llm_problem
 from .choose import decisions, start_selection
 from .config import Config
 from .execute import Executor, Round
@@ -61,6 +62,7 @@ class HuggingGPT:
         self.warmed = threading.Event()
         self.catalog_store: CatalogStore | None = None  # opened by `warm`
         self.clients = ClientCache(config.proxy)
+        self._llm_check = CachedCheck(lambda: llm_problem(config.llm, config.proxy), ttl=5.0)
         self.url_policy = url_policy or config.url_policy()
         self.local = LocalModelsServer(config.models_server_url, config.public_dir, config.status_timeout,
                                        config.task_timeout, token=config.models_server_token, policy=self.url_policy,
@@ -121,6 +123,19 @@ class HuggingGPT:
             client = HubClient(self.config.catalog_endpoint, self.config.huggingface_token)
             BackgroundRefresh(store, client, self.config.catalog_sync_tasks or HUB_TASKS,
                               self.config.catalog_refresh_hours, self.config.catalog_sync_per_task).start()
+
+    def checks(self, fresh: bool = False) -> dict[str, str | None]:
+        """What is down: per dependency None (it answers), "unused", or one line saying what is wrong. The LLM
+        check is cached for a few seconds (`/health` may be polled); `fresh` asks again."""
+        from .checks import models_server_problem
+
+        llm = self._llm_check.check() if fresh else self._llm_check()
+        if "local" in self.backends:
+            models = models_server_problem(self.config.models_server_url, self.config.models_server_token,
+                                           timeout=self.config.status_timeout)
+        else:
+            models = "unused"
+        return {"llm": llm, "models_server": models}
 
     @property
     def ranking(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from typing import Any
 
 from .plan import Plan, Task
@@ -28,18 +28,21 @@ def start_selection(state: RequestState, selector: Selector, tasks: list[Task], 
     for task in tasks:
         if task.error or task.id in state.selections:  # already chosen while the plan streamed
             continue
-        fut = threads.submit(selector.select, state.request.user_input, copy.deepcopy(task), state.llm, logit_bias,
-                             failed)
-        fut.add_done_callback(lambda f, t=task: _announce(state, t, f, observe_seconds))
-        state.selections[task.id] = fut
+        state.selections[task.id] = threads.submit(_choose, state, selector, task, logit_bias, failed,
+                                                   observe_seconds)
 
 
-def _announce(state: RequestState, task: Task, fut: Future, observe_seconds=None) -> None:
-    if fut.exception() is not None:
-        return
-    sel: Selection = fut.result()
+def _choose(state: RequestState, selector: Selector, task: Task, logit_bias: float, failed: frozenset[str],
+            observe_seconds: Callable[[float], None] | None = None) -> Selection:
+    """Choose, then announce: the choice is announced before anyone waiting on it (the task) can go on."""
+    sel = selector.select(state.request.user_input, copy.deepcopy(task), state.llm, logit_bias, failed)
     if observe_seconds is not None:
         observe_seconds(sel.seconds)
+    _announce(state, task, sel)
+    return sel
+
+
+def _announce(state: RequestState, task: Task, sel: Selection) -> None:
     state.emit("model_selected", {"id": task.id, "task": task.task, "model": sel.model_id,
                                   "hosted_on": sel.hosted_on, "reason": sel.reason, "error": sel.error,
                                   "candidates": sel.available, "seconds": round(sel.seconds, 4)})

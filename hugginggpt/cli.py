@@ -52,11 +52,16 @@ class Turn:
 
 
 def progress_printer(out: TextIO, turn: Turn, muted: threading.Event):
-    """Turn pipeline events into short progress lines; model time and selection time are shown apart."""
+    """Turn pipeline events into short progress lines; model time and selection time are shown apart.
+
+    Events come from several threads: each line is written whole, under a lock, so two never share a line."""
+    lock = threading.Lock()
 
     def say(text: str) -> None:
-        if not muted.is_set():
-            print(text, file=out, flush=True)
+        with lock:
+            if not muted.is_set():
+                out.write(text + "\n")
+                out.flush()
 
     def show(name: str, e: dict[str, Any]) -> None:
         t = f"{e.get('t', 0):6.2f}s"
@@ -124,8 +129,23 @@ def warm_up(engine: HuggingGPT, out: TextIO) -> None:
         engine.warm()
 
 
+def llm_down(engine: HuggingGPT) -> str | None:
+    """One line when the configured LLM cannot be reached, before anything slow (the ranker) is loaded."""
+    from .checks import llm_problem
+
+    config = getattr(engine, "config", None)
+    if config is None:
+        return None
+    problem = llm_problem(config.llm, config.proxy)
+    return f"{problem}; start it, or fix the LLM settings in {config.path}" if problem else None
+
+
 def run_text(engine: HuggingGPT, text: str, progress: bool = True) -> int:
     """0 when every task succeeded; 1 when the request or one of its tasks failed (the answer is still printed)."""
+    down = llm_down(engine)
+    if down:
+        print(f"error: {down}", file=sys.stderr)
+        return 1
     try:
         if progress:
             warm_up(engine, sys.stderr)
@@ -136,7 +156,7 @@ def run_text(engine: HuggingGPT, text: str, progress: bool = True) -> int:
     except KeyboardInterrupt:
         print("\ncancelled", file=sys.stderr)
         return 130
-    print(turn.answer)
+    print(render_markdown(turn.answer, color=sys.stdout.isatty()))
     if turn.failed:
         print(f"error: {len(turn.failed)} task(s) failed: " + ", ".join(f"#{t}" for t in sorted(set(turn.failed))),
               file=sys.stderr)
@@ -151,6 +171,9 @@ def run_cli(engine: HuggingGPT, stdin: TextIO = sys.stdin, out: TextIO = sys.std
         signal.signal(signal.SIGINT, signal.default_int_handler)
     print("Welcome to HuggingGPT. Ask for anything; type `exit` to quit, Ctrl-C cancels a running request.",
           file=out, flush=True)
+    down = llm_down(engine)
+    if down:  # not fatal here: it may be started while the prompt waits
+        print(f"warning: {down}", file=out, flush=True)
     warm_up(engine, out)
     messages: list[dict[str, str]] = []
     while True:
@@ -181,4 +204,46 @@ def run_cli(engine: HuggingGPT, stdin: TextIO = sys.stdin, out: TextIO = sys.std
             print("\n(cancelled)", file=out, flush=True)
             continue
         messages.append({"role": "assistant", "content": turn.history_entry()})
-        print(f"[ Jarvis ]: {turn.answer}", file=out, flush=True)
+        print(f"[ Jarvis ]: {render_markdown(turn.answer, color=out.isatty())}", file=out, flush=True)
+
+
+BOLD, ITALIC, DIM, RESET = "\x1b[1m", "\x1b[3m", "\x1b[2m", "\x1b[0m"
+
+
+def render_markdown(text: str, color: bool = False) -> str:
+    """The answer's Markdown as a terminal shows it: no `**`, `#` or backticks left; bold and italics as
+    terminal styles when `color` (a terminal that does not set NO_COLOR), list items as bullets, links as
+    "text (url)", code blocks indented. The LLM's control characters are dropped (no escape sequences)."""
+    color = color and not os.environ.get("NO_COLOR")
+    text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f\x9b]", "", text)  # ESC included: only our own styles
+
+    def style(code: str, inner: str) -> str:
+        return f"{code}{inner}{RESET}" if color else inner
+
+    def inline(line: str) -> str:
+        line = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r"\1 (\2)", line)
+        line = re.sub(r"\*\*([^*]+)\*\*|__([^_]+)__", lambda m: style(BOLD, m.group(1) or m.group(2)), line)
+        line = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?!\w)|(?<!\w)_([^_\s][^_]*)_(?!\w)",
+                      lambda m: style(ITALIC, m.group(1) or m.group(2)), line)
+        return re.sub(r"`([^`]+)`", lambda m: style(DIM, m.group(1)) if color else m.group(1), line)
+
+    out: list[str] = []
+    in_code = False
+    for line in text.split("\n"):
+        if line.strip().startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            out.append("    " + line)
+            continue
+        head = re.match(r"^\s{0,3}#{1,6}\s+(.*)$", line)
+        item = re.match(r"^(\s*)[-*+]\s+(.*)$", line)
+        if head:
+            out.append(style(BOLD, inline(head.group(1))))
+        elif item:
+            out.append(f"{item.group(1)}  • {inline(item.group(2))}")
+        elif re.match(r"^\s*([-*_])(\s*\1){2,}\s*$", line):
+            out.append("─" * 20)
+        else:
+            out.append(inline(line))
+    return "\n".join(out)

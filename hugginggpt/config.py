@@ -123,6 +123,16 @@ class LLMSettings:
             "api_key": "set" if self.api_key else "unset",
         }
 
+    def summary(self) -> str:
+        """One readable line for the start-up message: kind, where, model, whether a key is sent."""
+        from .urlpolicy import redact_url
+
+        if self.api_type is None:
+            return "none configured: each request names its own (api_type, api_endpoint, api_key)"
+        where = redact_url(self.endpoint) if self.endpoint else "https://api.openai.com/v1"
+        key = "with an API key" if self.api_key else "no API key"
+        return f"{self.api_type} at {where}, model {self.model}, {key}"
+
 
 @dataclass(frozen=True)
 class Config:
@@ -310,7 +320,7 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
         endpoint = _get(data, "local.endpoint")
         if not endpoint:
             raise NoLLMConfigured(f"{path}: `local.endpoint` is required for a local LLM (e.g. http://localhost:8006/v1)")
-        key = _secret(_get(data, "local.api_key")) or _secret(env.get("OPENAI_API_KEY")) or "not-needed"
+        key = _secret(_get(data, "local.api_key")) or _secret(env.get("OPENAI_API_KEY"))  # None: a keyless server
         return LLMSettings(api_type="local", api_key=key, endpoint=str(endpoint), **common)
     if "azure" in data:
         azure = data.get("azure") or {}
@@ -351,16 +361,52 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
     env = dict(os.environ) if env is None else env
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {path}{_other_configs(path)}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__}: {str(exc).splitlines()[0]})") from None
+        raise ConfigError(_yaml_message(path, exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys")
     unknown = unknown_keys(data)
     if strict and unknown:
         raise ConfigError(f"{path}: {unknown[0]}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    try:
+        return _build(path, data, env, need_llm, unknown)
+    except ConfigError as exc:
+        if not unknown:
+            raise
+        # a key that is "missing" is often one misspelt: name the misspellings with the error
+        raise exc.__class__(f"{exc}; the file also has {'; '.join(unknown)}") from None
+
+
+def _other_configs(path: Path) -> str:
+    """"; did you mean ...? the configs in <folder>: a, b" for a config path that does not exist."""
+    folder = path.parent if path.parent.is_dir() and str(path.parent) not in ("", ".") else PROJECT_ROOT / "configs"
+    if not folder.is_dir():
+        folder = PROJECT_ROOT / "configs"
+    found = sorted(p.name for p in folder.glob("*.y*ml"))
+    if not found:
+        return ""
+    close = difflib.get_close_matches(path.name, found, n=1)
+    where = folder.relative_to(Path.cwd()) if folder.is_absolute() and folder.is_relative_to(Path.cwd()) else folder
+    hint = f"; did you mean {where / close[0]}?" if close else ""
+    return f"{hint} (the configs in {where}/: {', '.join(found)})"
+
+
+def _yaml_message(path: Path, exc: yaml.YAMLError) -> str:
+    """"<file>:<line>:<column>: not valid YAML: <problem> (<context>)", the line where the parser stopped."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    context_mark = getattr(exc, "context_mark", None)
+    if context and context_mark is not None and mark is not None and context_mark.line != mark.line:
+        context = f"{context} at line {context_mark.line + 1}"
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+
+
+def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown: list[str]) -> Config:
     root = Path(_get(data, "root", path.resolve().parent.parent))
     if not root.is_absolute():
         root = (path.resolve().parent / root).resolve()

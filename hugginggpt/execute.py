@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
 from typing import Any
 
 from .backends import Backend, TaskInputs
@@ -213,6 +214,11 @@ class Round:
         task = self.by_id.get(payload.get("id"))
         if task is not None:
             payload["task"] = task.task
+        if name == "task_started" and task is not None:
+            # "started" after "model chosen": the task waits for its choice anyway (run_task), so say it then
+            choice = state.selections.get(task.id)
+            if choice is not None:
+                wait([choice], timeout=max(0.0, state.deadline - time.monotonic()))
         if name in ("task_finished", "task_failed") and not payload.get("skipped"):
             with state.lock:
                 seconds = state.model_seconds.get(payload.get("id"))

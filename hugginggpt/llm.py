@@ -389,8 +389,9 @@ class LLMClient:
                 if tries >= self.settings.max_retries:
                     raise LLMError(f"{self.describe} timed out after {timeout:.0f}s") from None
                 wait = _backoff(tries)
-            except openai.APIConnectionError:
-                if tries >= self.settings.max_retries:
+            except openai.APIConnectionError as exc:
+                # No connection at all (refused, no such host): retrying would only make the person wait.
+                if tries >= self.settings.max_retries or isinstance(exc.__cause__, httpx2.ConnectError):
                     if not self.settings.trusted:
                         raise LLMError(UNREACHABLE_ENDPOINT) from None
                     raise LLMError(f"{self.describe} is unreachable (connection failed)") from None
@@ -406,8 +407,8 @@ class LLMClient:
             tries += 1
             if deadline is not None and time.monotonic() + wait >= deadline:
                 raise DeadlineExceeded(f"{self.describe} kept failing until the request's deadline")
-            log.info("%s: retrying in %.1fs (attempt %d of %d)", self.describe_for_log, wait, tries + 1,
-                     self.settings.max_retries + 1)
+            log.warning("%s: retrying in %.1fs (attempt %d of %d)", self.describe_for_log, wait, tries + 1,
+                        self.settings.max_retries + 1)
             time.sleep(wait)
 
     def _status_message(self, exc: openai.APIStatusError) -> str:

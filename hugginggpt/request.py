@@ -115,7 +115,8 @@ class RequestState:
         self.cancelled = threading.Event()
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
         self._held: list[tuple[str, dict[str, Any]]] | None = None
-        self._held_lock = threading.Lock()
+        self._held_lock = threading.RLock()  # also orders delivery: events reach the listener one at a time
+        self._last_t = 0.0  # `t` of the last event delivered: a stream's times never go back
         self.round = 0  # execution rounds: 1, then one more per replan
         self.replans: list[str] = []  # what was replanned, for the answer
         self.replan_attempts = 0
@@ -138,15 +139,18 @@ class RequestState:
     def emit(self, name: str, payload: dict[str, Any]) -> None:
         if self.on_event is None:
             return
-        event = {"event": name, "request_id": self.request.request_id,
-                 "t": round(time.perf_counter() - self.started, 4), **payload}
         with self._held_lock:
+            event = {"event": name, "request_id": self.request.request_id,
+                     "t": round(time.perf_counter() - self.started, 4), **payload}
             if self._held is not None and name not in ("plan", "answer", "answer_token", "error"):
                 self._held.append((name, event))
                 return
-        self._deliver(name, event)
+            self._deliver(name, event)
 
     def _deliver(self, name: str, event: dict[str, Any]) -> None:
+        """To the listener, in order, under `_held_lock`. `t` never goes back: an event held until the plan was
+        announced carries the time it was announced."""
+        self._last_t = event["t"] = max(event["t"], self._last_t)
         try:
             self.on_event(name, event)
         except Exception:  # noqa: BLE001 - a broken listener must not break the request

@@ -212,7 +212,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
                         continue
                     if event is None:
                         completed = True
-                        yield "event: done\ndata: {}\n\n"
+                        yield f"event: done\ndata: {json.dumps({'event': 'done', 'request_id': chat_request.request_id})}\n\n"
                         return
                     yield f"event: {event['event']}\ndata: {json.dumps(event, ensure_ascii=False, default=str)}\n\n"
             finally:
@@ -239,12 +239,13 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     @app.get("/health")
     def health() -> Response:
         """Open to everyone, so it names no endpoint, key or token."""
-        if "local" in engine.backends:
-            models = "up" if engine.local.running() else "down"
-        else:
-            models = "unused"
+        checks = engine.checks()
+        models = {None: "up", "unused": "unused"}.get(checks["models_server"], "down")
         llm = {k: v for k, v in config.llm.redacted().items() if k != "endpoint"}
-        return jsonify({"status": "ok", "llm": llm, "inference_mode": config.inference_mode, "models_server": models,
+        llm["reachable"] = checks["llm"] is None
+        down = [name for name, problem in checks.items() if problem not in (None, "unused")]
+        return jsonify({"status": "degraded" if down else "ok", "down": down, "llm": llm,
+                        "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
 
     @app.get("/metrics")

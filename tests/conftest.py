@@ -132,6 +132,11 @@ class RunningServer:
 
 def start_server(config: Path, folder: Path, env: dict[str, str] | None = None, port: int | None = None) -> RunningServer:
     port = port or free_port()
+    from hugginggpt.checks import port_problem
+
+    taken = port_problem("127.0.0.1", port)
+    if taken:  # whatever answers there is not the server started here
+        raise RuntimeError(f"error: 127.0.0.1:{port} {taken}")
     log = folder / f"server-{port}.log"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "server", "--port",
@@ -146,6 +151,8 @@ def start_server(config: Path, folder: Path, env: dict[str, str] | None = None, 
         try:
             health = requests.get(url + "/health", timeout=1)
             if health.status_code == 200 and health.json().get("model_ranking") != "warming":
+                if proc.poll() is not None:  # an answer from another process on the port, not from ours
+                    raise RuntimeError(f"server exited: {log.read_text()}")
                 return RunningServer(url, proc, log)
             time.sleep(0.1)
         except requests.RequestException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -191,3 +192,107 @@ def test_ctrl_c_lands_even_when_the_signal_hits_another_thread():
         assert time.monotonic() - started < 2 and engine.cancelled.is_set()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+PROGRESS = re.compile(r"\[\s*(\d+\.\d+)s\]")
+
+
+def test_progress_lines_are_whole_in_order_and_the_answer_reads_as_text(tmp_path, llm, models, models_server,
+                                                                        public_dir):
+    """Issue 21: twelve tasks at once over two turns: no two progress lines on one line, times never go back, a
+    task's model is named before it starts, no urllib3 pool warnings, and the answer's Markdown is rendered."""
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                          choose_model="llm")
+    models.delays.update({m: 0.2 for m in ("google/vit-base-patch16-224", "facebook/detr-resnet-50")})
+    tasks = [{"task": "image-classification" if i % 2 else "object-detection", "id": i, "dep": [-1],
+              "args": {"image": "/examples/red.png"}} for i in range(12)]
+    llm.on("parse_task", json.dumps(tasks))
+    llm.on("choose_model", lambda body: json.dumps({"id": "google/vit-base-patch16-224" if "classification" in
+                                                    json.dumps(body) else "facebook/detr-resnet-50",
+                                                    "reason": "scripted"}), delay=0.3)
+    llm.on("response_results", "## Result\nThe picture is **red** and `plain`.\n- first\n- second\n"
+                               "See [the docs](http://example.org/docs).")
+    term = Terminal([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "cli"])
+    try:
+        for turn in range(2):
+            term.read_until("[ User ]: ")
+            shown = len(term.text)
+            term.type(f"look at the red picture, turn {turn}\n")
+            term.read_until("[ Jarvis ]:")
+            deadline = time.monotonic() + 30
+            while "[ User ]: " not in term.text[shown:] and time.monotonic() < deadline:
+                term.drain(0.2)
+            out = term.text[shown:].replace("\r\n", "\n")
+            lines = [line for line in out.split("\n") if PROGRESS.search(line)]
+            assert all(len(PROGRESS.findall(line)) == 1 and line.startswith("  [") for line in lines), lines
+            times = [float(PROGRESS.search(line).group(1)) for line in lines]
+            assert times == sorted(times), lines
+            for i in range(12):
+                chosen = next(n for n, line in enumerate(lines) if re.search(rf"\] #{i} [\w-]+: model ", line))
+                started = next(n for n, line in enumerate(lines) if re.search(rf"\] #{i} [\w-]+ started", line))
+                assert chosen < started, lines
+            answer = out.split("[ Jarvis ]:", 1)[1].split("[ User ]:", 1)[0]
+            assert "**" not in answer and "##" not in answer and "`" not in answer and "](" not in answer, answer
+            assert "  • first" in answer and "the docs (http://example.org/docs)" in answer, answer
+            assert "Connection pool is full" not in out and "WARNING" not in out, out
+    finally:
+        term.close()
+
+
+def test_make_cli_chats_on_the_demo_stack_offline(tmp_path):
+    """`make cli` with no LLM configured (start.py --mode cli) runs the terminal chat on the offline demo."""
+    env_key = os.environ.pop("OPENAI_API_KEY", None)
+    try:
+        term = Terminal([sys.executable, str(ROOT / "tools" / "start.py"), "--config",
+                         str(ROOT / "configs" / "config.default.yaml"), "--mode", "cli"])
+    finally:
+        if env_key is not None:
+            os.environ["OPENAI_API_KEY"] = env_key
+    try:
+        term.read_until("[ User ]: ", timeout=300)
+        config = re.search(r"demo config: (\S+)", term.text)
+        assert config and os.path.isfile(config.group(1)), term.text
+        term.type("Transcribe /examples/speech.wav\n")
+        term.read_until("[ Jarvis ]:", timeout=120)
+        assert "#0 automatic-speech-recognition: model facebook/wav2vec2-base-960h" in term.text
+        assert "offline demo" in term.text and "POST /v1" not in term.text  # no access log of the scripted LLM
+        term.read_until("[ User ]: ")
+        term.type("exit\n")
+        term.read_until("demo stopped", timeout=60)
+    finally:
+        term.close()
+
+
+class SlowTerminal:
+    """A terminal that takes a moment per write, as a real one under load does (where threads interleave)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        time.sleep(0.0005)
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_lines_from_many_threads_are_never_glued():
+    from hugginggpt.cli import Turn, progress_printer
+
+    out = SlowTerminal()
+    show = progress_printer(out, Turn(), threading.Event())
+
+    def events(tid: int) -> None:
+        for n in range(15):
+            show("task_started", {"id": tid, "task": "object-detection", "t": n / 100})
+
+    threads = [threading.Thread(target=events, args=(tid,)) for tid in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lines = "".join(out.parts).split("\n")
+    assert lines[-1] == "" and len(lines) == 8 * 15 + 1
+    assert all(re.fullmatch(r"  \[\s*\d+\.\d+s\] #\d object-detection started", line) for line in lines[:-1]), lines

@@ -48,10 +48,25 @@ def test_the_demo_starts_quietly_serves_and_cleans_up():
         answer = requests.post(f"http://127.0.0.1:{port}/hugginggpt",
                                json={"messages": [{"role": "user", "content": "a red fox"}]}, timeout=120).json()
         assert "offline demo" in answer["message"] and "/images/" in answer["message"]
+        # issue 21: the scripted planner reads the request, and an uploaded photo is what it works on
+        with open(ROOT / "public" / "examples" / "chelsea.jpg", "rb") as photo:
+            upload = requests.post(f"http://127.0.0.1:{port}/upload", files={"file": ("cat.jpg", photo)},
+                                   timeout=10).json()["path"]
+        ask = {"messages": [{"role": "user", "content": f"Caption {upload} and read the caption aloud"}]}
+        planned = requests.post(f"http://127.0.0.1:{port}/tasks", json=ask, timeout=60).json()
+        assert [(t["task"], t["args"]) for t in planned] == [("image-to-text", {"image": upload}),
+                                                              ("text-to-speech", {"text": "<GENERATED>-0"})]
+        results = requests.post(f"http://127.0.0.1:{port}/results", json=ask, timeout=120).json()
+        caption = results["0"]["inference result"]["generated text"]
+        assert caption.strip(), results  # the tiny captioner says (random) words, so there is something to read
+        assert results["1"]["inference result"]["generated audio"].startswith("/audios/"), results
         assert demo_processes(), "the demo's servers should be running"
+        config = lines[1].removeprefix("demo config: ").split()[0]
+        assert lines[1].startswith("demo config: ") and os.path.isfile(config), lines
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "demo stopped" in out
+    assert "POST /v1/chat/completions" not in out and "werkzeug" not in out, out  # no access log per LLM call
     assert demo_processes() == []  # both child servers are gone
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hugginggpt-demo-*"))) == before  # folder removed

@@ -228,3 +228,76 @@ def test_the_models_box_searches_the_catalog_and_shows_cards_safely(server, page
     page.wait_for_selector("#catalog-results .card", timeout=5000)
     assert page.locator("#catalog-results img").count() == 0
     assert page.locator("#catalog-results .card b").inner_text() == hostile
+
+
+@pytest.fixture
+def with_examples(public_dir):
+    """The shipped example files in the test server's public/ (the page's example requests name them)."""
+    for example in (ROOT / "public" / "examples").iterdir():
+        target = public_dir / "examples" / example.name
+        if not target.exists():
+            target.write_bytes(example.read_bytes())
+    return public_dir
+
+
+@pytest.mark.parametrize("width", [1280, 360])
+def test_first_hour_page_examples_graph_uploads_clips_and_a_failure(server, llm, models, page, with_examples, tmp_path,
+                                                                    width):
+    """Issue 21: a compact page with clickable examples before the first request, a readable graph at phone
+    width, clip lengths, uploads shown as pictures, and a failed request that clears the last graph."""
+    from PIL import Image
+
+    from tools.demo_planner import plan_reply
+
+    llm.on("parse_task", plan_reply)  # the offline demo's planner: the example's words decide the tasks
+    page.set_viewport_size({"width": width, "height": 800})
+    page.goto(server.url + "/")
+    # before the first request: a compact header, examples with their pictures, a hint in the empty graph
+    assert page.evaluate("document.querySelector('header').getBoundingClientRect().height") <= 56
+    examples = page.locator("#examples button.example")
+    assert examples.count() >= 5
+    page.wait_for_function("[...document.querySelectorAll('#examples img')].every(i => i.complete && i.naturalWidth)")
+    assert page.locator("#graph-hint").is_visible() and "task graph" in page.inner_text("#graph-hint")
+    # the file button says what it does, whole; the placeholder fits its box
+    attach = page.locator("#attach")
+    assert attach.inner_text().strip() == "Attach file"
+    assert page.evaluate("(e => e.scrollWidth <= e.clientWidth)(document.querySelector('#attach'))")
+    assert page.evaluate("""(() => {
+        const t = document.querySelector('#input'), s = getComputedStyle(t), probe = document.createElement('div');
+        probe.style.cssText = `position:absolute;visibility:hidden;white-space:pre-wrap;font:${s.font};` +
+            `width:${t.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)}px;` +
+            `letter-spacing:${s.letterSpacing};line-height:${s.lineHeight}`;
+        probe.textContent = t.placeholder; document.body.appendChild(probe);
+        const fits = probe.offsetHeight <= t.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom) + 1;
+        probe.remove(); return fits; })()""")
+    page.screenshot(path=str(ARTIFACTS / f"web-first-hour-start-{width}.png"), full_page=True)
+
+    # an example, clicked: planned from its words, its picture shown in the request, the graph readable
+    page.locator("#examples button.example", has_text="Caption /examples/chelsea.jpg").click()
+    page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
+    assert page.locator("#examples").is_hidden()
+    assert page.eval_on_selector_all("#graph .node", "ns => ns.map(n => n.dataset.state)") == ["done", "done"]
+    assert page.locator("#graph-hint").is_hidden()
+    label = page.evaluate("document.querySelector('#graph .node text').getBoundingClientRect().height")
+    assert label >= 13, label  # drawn 1:1 (12 px type); at 360 px it was scaled to about 6 px
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    assert page.locator("#chat .user img[src='/examples/chelsea.jpg']").count() == 1
+    page.wait_for_function("document.querySelector('.task[data-id=\"1\"] .clip .dur').textContent !== ''")
+    assert page.inner_text('.task[data-id="1"] .clip .dur') == "0.10 s"  # the player alone says 0:00 / 0:00
+    page.screenshot(path=str(ARTIFACTS / f"web-first-hour-done-{width}.png"), full_page=True)
+
+    # an upload is shown as the picture it is
+    pic = tmp_path / "mine.png"
+    Image.new("RGB", (30, 20), (250, 200, 10)).save(pic)
+    page.set_input_files("#file", str(pic))
+    page.wait_for_selector("#attachments img", timeout=10000)
+    page.wait_for_function("document.querySelector('#attachments img').naturalWidth === 30")
+    assert page.locator("#attachments img").get_attribute("src").startswith("/uploads/")
+
+    # a request that fails leaves no graph of the one before
+    llm.fail(500, 500, 500, 500)
+    page.fill("#input", "this one fails")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#chat .msg.error", timeout=30000)
+    assert page.locator("#graph .node").count() == 0 and page.locator("#tasks .task").count() == 0
+    assert page.locator("#graph-hint").is_visible()

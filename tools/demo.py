@@ -2,19 +2,23 @@
 
     python tools/demo.py                 # then open the URL it prints (http://127.0.0.1:8004/ by default)
     python tools/demo.py --port 9000 --keep
+    python tools/demo.py --cli           # the terminal chat (awesome_chat.py --mode cli) on the same stack
 
-The scripted LLM always plans: draw the request (tiny Stable Diffusion), edge map of the drawing (canny),
-classify the drawing (tiny ViT), and read the request aloud (tiny VITS). Outputs are random-weight
-pictures and noise, but every byte goes through the real loading, serving and scheduling code.
+The scripted LLM plans from the request's words and the files it names (tools/demo_planner.py: a handful of
+keyword rules, one or more per task family), so "Caption /examples/chelsea.jpg and read it aloud" captions the
+photo and speaks the caption. Outputs come from random-weight models (pictures are noise), but every byte
+goes through the real loading, serving and scheduling code.
 Ctrl-C or SIGTERM stops all three servers and removes the demo's temporary folder (unless --keep).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -22,67 +26,99 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def plan_for(body: dict) -> str:
-    request = body["messages"][-1]["content"].split("Now my request is {", 1)[-1].split("}", 1)[0].strip()
-    return json.dumps([
-        {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": request[:60] or "a fox"}},
-        {"task": "canny-control", "id": 1, "dep": [0], "args": {"image": "<GENERATED>-0"}},
-        {"task": "image-classification", "id": 2, "dep": [0], "args": {"image": "<GENERATED>-0"}},
-        {"task": "text-to-speech", "id": 3, "dep": [-1], "args": {"text": "hello world"}},
-    ])
+HOST = "127.0.0.1"
 
 
-def answer_for(body: dict) -> str:
-    """A short, readable answer in place of a real LLM's (the raw results stay one click away in the page)."""
-    log = next((m["content"] for m in body.get("messages", []) if m["role"] == "assistant"), "")
-    files = sorted(set(__import__("re").findall(r"/(?:images|audios|videos)/[\w.-]+", log)))
-    lines = ["This is the **offline demo**: a scripted LLM planned four tasks and tiny random-weight models ran "
-             "them on the real models server.", ""]
-    lines += [f"- {path}" for path in files] or ["- (no files were generated)"]
-    lines += ["", "Add an LLM (see the README's Quick start) to get real plans and answers."]
-    return "\n".join(lines)
+def port_hint(port: int) -> str:
+    """How to pick another port, in the words of the command the person typed (`make run` sets HUGGINGGPT_VIA)."""
+    via = os.environ.get("HUGGINGGPT_VIA")
+    other = 9000 if port != 9000 else 9001
+    return f"`{via} PORT={other}`" if via else f"`python tools/demo.py --port {other}`"
+
+
+def lively_captioner(folder: Path) -> None:
+    """The tiny captioner, made to say words: its tokenizer read from vocab.txt (the saved tokenizer.json of this
+    transformers version keeps only the special tokens), and only real words left to pick, so "read the caption
+    aloud" has a caption (random words, it is still noise) to read."""
+    import torch
+    from transformers import VisionEncoderDecoderModel
+
+    from tests.tiny_models import WORDS
+
+    (folder / "tokenizer.json").unlink(missing_ok=True)
+    model = VisionEncoderDecoderModel.from_pretrained(folder)
+    words = [i for i, w in enumerate(WORDS) if w.isalpha() and not (w[0] == "w" and w[1:].isdigit())]
+    with torch.no_grad():
+        torch.manual_seed(1)
+        table = model.decoder.transformer.wte.weight
+        table[[i for i in range(len(WORDS)) if i not in words]] = 0
+        table[words] = torch.randn(len(words), table.shape[1]) * 2
+    model.generation_config.no_repeat_ngram_size = 1
+    model.generation_config.max_new_tokens = 8
+    model.save_pretrained(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=8004, help="port of the web app (default %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (models, outputs, logs)")
+    parser.add_argument("--cli", action="store_true", help="chat in this terminal instead of serving the web app")
     args = parser.parse_args(argv)
+
+    from hugginggpt.checks import port_problem
+
+    if not args.cli:  # before 20 s of building models: a taken port is one line, at once
+        problem = port_problem(HOST, args.port)
+        if problem:
+            print(f"error: port {args.port} {problem} (a demo or server already running there? open "
+                  f"http://{HOST}:{args.port}/ or stop it); choose another with {port_hint(args.port)}",
+                  file=sys.stderr)
+            return 2
 
     from hugginggpt.cli import quiet_libraries
 
     quiet_libraries()
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the scripted LLM's access log stays out of the terminal
     from tests.conftest import ROOT, make_public, start_server, stop_server, write_config
     from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
     from tests.test_models_server import start_models_server
     from tests.tiny_models import build_all, tiny_stable_diffusion
+    from tools.demo_planner import answer_reply, plan_reply, text_task_reply
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     folder = Path(tempfile.mkdtemp(prefix="hugginggpt-demo-"))
     llm_srv = models_proc = server = None
+    status = 0
     try:
         print("building tiny models and starting the servers (about 20 s)...", flush=True)
         models_dir = folder / "models"
         build_all(models_dir)
+        lively_captioner(models_dir / "nlpconnect/vit-gpt2-image-captioning")
         tiny_stable_diffusion(models_dir / "stable-diffusion-v1-5/stable-diffusion-v1-5")
         public = make_public(folder / "public")
         for example in (ROOT / "public" / "examples").iterdir():
             (public / "examples" / example.name).write_bytes(example.read_bytes())
         llm = ScriptedLLM()
         llm_srv = ThreadedServer(llm.app()).start()
-        llm.on("parse_task", plan_for)
-        llm.on("response_results", answer_for)
+        llm.on("parse_task", plan_reply)
+        llm.on("response_results", answer_reply)
+        llm.on("text_task", text_task_reply)
         models_proc, models_url = start_models_server(folder, models_dir, public, deployment="full")
         config = write_config(folder, llm_srv.url, models_url, public, local_deployment="full")
-        server = start_server(config, folder, port=args.port)
-        print(f"demo ready: {server.url}/  (Ctrl-C stops it)", flush=True)
-        stop.wait()
+        print(f"demo config: {config}  (python awesome_chat.py --config {config} --mode cli|text|server uses "
+              "this demo's LLM and models server)", flush=True)
+        if args.cli:
+            status = run_cli(config)
+        else:
+            server = start_server(config, folder, port=args.port)
+            print(f"demo ready: {server.url}/  (Ctrl-C stops it)", flush=True)
+            stop.wait()
     except KeyboardInterrupt:
         pass
-    except RuntimeError as exc:  # a server did not start: the port is taken, most likely
-        print(f"error: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}", file=sys.stderr)
+    except RuntimeError as exc:  # a server did not start (the port was taken meanwhile, most likely)
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "a server did not start"
+        print(last if last.startswith("error:") else f"error: {last}", file=sys.stderr)
         return 2
     finally:
         if server is not None:
@@ -97,7 +133,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(folder, ignore_errors=True)
     print("demo stopped", flush=True)
-    return 0
+    return status
+
+
+def run_cli(config: Path) -> int:
+    """awesome_chat.py --mode cli on the demo's config, in this terminal; Ctrl-C belongs to it while it runs."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(root / "awesome_chat.py"), "--config", str(config), "--mode", "cli"])
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the chat cancels its request; the demo stays
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""`make run`: start the HuggingGPT server with the config, or the offline demo when no LLM is configured.
+"""`make run` / `make cli`: the HuggingGPT server (or terminal chat) with the config, or the offline demo when no
+LLM is configured.
 
-    python tools/start.py [--config configs/config.default.yaml] [--port 8004]
+    python tools/start.py [--config configs/config.default.yaml] [--port 8004] [--mode server|cli]
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def port_hint(port: int) -> str:
+    """How to pick another port, in the words of the command the person typed (`make run` sets HUGGINGGPT_VIA)."""
+    via = os.environ.get("HUGGINGGPT_VIA")
+    other = 9000 if port != 9000 else 9001
+    return f"`{via} PORT={other}`" if via else f"`python tools/start.py --port {other}`"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/config.default.yaml")
     parser.add_argument("--port", type=int, default=8004)
+    parser.add_argument("--mode", choices=["server", "cli"], default="server")
     args = parser.parse_args(argv)
     from hugginggpt.config import load_config
     from hugginggpt.errors import ConfigError, NoLLMConfigured
@@ -27,17 +36,28 @@ def main(argv: list[str] | None = None) -> int:
         missing = config.llm.api_type is None
         reason = "the config names no LLM backend and OPENAI_API_KEY is not set"
     except NoLLMConfigured as exc:
-        missing, reason = True, str(exc)
+        config, missing, reason = None, True, str(exc)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.mode == "server":  # before anything slow: a taken port is one line, at once
+        from hugginggpt.checks import port_problem
+
+        host = "127.0.0.1" if missing or config is None else config.http_host
+        problem = port_problem(host, args.port)
+        if problem:
+            print(f"error: port {args.port} {problem} (a demo or server already running there? open "
+                  f"http://127.0.0.1:{args.port}/ or stop it); choose another with {port_hint(args.port)}",
+                  file=sys.stderr)
+            return 2
     if missing:
         print(f"no LLM configured ({reason}): export OPENAI_API_KEY=sk-..., or run `make run "
               "CONFIG=configs/config.local.yaml` with your vLLM/Ollama/llama.cpp server in local.endpoint; "
               "starting the offline demo instead", file=sys.stderr, flush=True)
-        os.execv(sys.executable, [sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(args.port)])
-    os.execv(sys.executable, [sys.executable, str(ROOT / "awesome_chat.py"), "--config", args.config, "--mode",
-                              "server", "--port", str(args.port)])
+        demo = [sys.executable, str(ROOT / "tools" / "demo.py")]
+        os.execv(sys.executable, demo + (["--cli"] if args.mode == "cli" else ["--port", str(args.port)]))
+    command = [sys.executable, str(ROOT / "awesome_chat.py"), "--config", args.config, "--mode", args.mode]
+    os.execv(sys.executable, command + (["--port", str(args.port)] if args.mode == "server" else []))
     return 0  # not reached
 
 

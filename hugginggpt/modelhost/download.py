@@ -32,6 +32,47 @@ def _human(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
+# Approximate download sizes in MB (one copy of the weights, float32 unless the repository ships half
+# precision), for a dry run without the Hub. The Hub's own figure wins when it can be asked; a repository
+# that holds several formats (PyTorch, safetensors, TF) downloads more than this.
+KNOWN_MB: dict[str, float] = {
+    "sentence-transformers/all-MiniLM-L6-v2": 90, "sentence-transformers/all-mpnet-base-v2": 438,
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": 268,
+    "cardiffnlp/twitter-roberta-base-sentiment-latest": 499, "dslim/bert-base-NER": 433,
+    "deepset/roberta-base-squad2": 496, "distilbert/distilbert-base-cased-distilled-squad": 261,
+    "facebook/bart-large-cnn": 1630, "sshleifer/distilbart-cnn-12-6": 1220, "Helsinki-NLP/opus-mt-en-de": 298,
+    "Helsinki-NLP/opus-mt-en-fr": 301, "google/flan-t5-base": 990, "openai-community/gpt2": 548,
+    "microsoft/DialoGPT-medium": 1440, "google/vit-base-patch16-224": 346, "microsoft/resnet-50": 102,
+    "facebook/detr-resnet-50": 167, "hustvl/yolos-tiny": 26, "nvidia/segformer-b0-finetuned-ade-512-512": 15,
+    "facebook/detr-resnet-50-panoptic": 172, "Intel/dpt-large": 1370, "Intel/dpt-hybrid-midas": 490,
+    "nlpconnect/vit-gpt2-image-captioning": 982, "Salesforce/blip-image-captioning-large": 1880,
+    "dandelin/vilt-b32-finetuned-vqa": 470, "impira/layoutlm-document-qa": 511, "openai/whisper-base": 290,
+    "facebook/wav2vec2-base-960h": 378, "MIT/ast-finetuned-audioset-10-10-0.4593": 346,
+    "microsoft/speecht5_tts": 585, "microsoft/speecht5_vc": 580, "microsoft/speecht5_hifigan": 50,
+    "facebook/mms-tts-eng": 145, "stable-diffusion-v1-5/stable-diffusion-v1-5": 4270,
+    "stabilityai/stable-diffusion-xl-base-1.0": 6940, "timbrooks/instruct-pix2pix": 4270,
+    "damo-vilab/text-to-video-ms-1.7b": 5700,
+    **{f"lllyasviel/sd-controlnet-{c}": 1445 for c in ("canny", "depth", "hed", "mlsd", "normal", "openpose", "seg")},
+}
+KNOWN_FILE_MB: dict[str, float] = {  # single checkpoints of lllyasviel/Annotators
+    "ControlNetHED.pth": 29, "mlsd_large_512_fp32.pth": 6, "body_pose_model.pth": 209,
+    "hand_pose_model.pth": 147, "facenet.pth": 154,
+}
+
+
+def known_size(model_id: str, files: list[str], hub: HubSizes | None = None) -> tuple[int | None, bool]:
+    """(bytes, exact): the Hub's figure when it answers (exact), else the table's estimate, else (None, False)."""
+    if files:
+        sizes = [KNOWN_FILE_MB.get(f) for f in files]
+        return (int(sum(sizes) * 1024 * 1024), False) if all(s is not None for s in sizes) else (None, False)
+    if hub is not None:
+        exact = hub(model_id)
+        if exact:
+            return exact, True
+    mb = KNOWN_MB.get(model_id)
+    return (int(mb * 1024 * 1024), False) if mb is not None else (None, False)
+
+
 class HubSizes:
     """Repository sizes from the Hub's file metadata; after one failure (offline) it stops asking."""
 
@@ -132,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = sorted(needed)
     failed: list[str] = []
     hub_size = HubSizes()
+    plan: list[int | None] = []  # dry run: the size of each download, None when unknown
     for mid in ids:
         target = models_dir / mid
         spec = registry.get(mid)
@@ -146,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         what = f"{', '.join(files)} of {mid}" if files else mid
         if args.dry_run:
-            size = "only these files" if files else _human(hub_size(mid))
-            print(f"{mid}: would fetch {', '.join(files) + ' ' if files else ''}into {target} ({size})", flush=True)
+            size, exact = known_size(mid, files, hub_size)
+            plan.append(size)
+            shown = _human(size) if size is None or exact else "about " + _human(size)
+            print(f"{mid}: would fetch {', '.join(files) + ' ' if files else ''}into {target} ({shown})", flush=True)
             continue
         print(f"{mid}: fetching {what} into {target} ...", flush=True)
         from huggingface_hub import snapshot_download
@@ -158,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - report every failure, then exit non-zero
             failed.append(mid)
             print(f"{mid}: failed: {exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+    if args.dry_run:
+        known = [n for n in plan if n is not None]
+        unknown = len(plan) - len(known)
+        print(f"total: {len(plan)} download(s), about {_human(sum(known))}"
+              + (f" ({unknown} size(s) unknown, not counted)" if unknown else ""))
     if failed:
         print(f"{len(failed)} of {len(ids)} downloads failed: {', '.join(failed)}", file=sys.stderr)
         return 1

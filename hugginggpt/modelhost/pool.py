@@ -155,6 +155,9 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
     raise ValueError(f"unknown loader {spec.loader!r} for {spec.id}")
 
 
+_LOADING = threading.Lock()  # one model loads at a time; loaded models run in parallel
+
+
 class ModelPool:
     def __init__(self, registry: Registry, device: str = "cpu", budget_bytes: int | None = None):
         self.registry = registry
@@ -187,7 +190,8 @@ class ModelPool:
                 self._make_room(spec)
                 log.info("loading %s (%s) on %s", spec.id, spec.task, self.device)
                 t0 = time.perf_counter()
-                obj = load(spec, self.registry, self.device)
+                with _LOADING:  # transformers resolves its names lazily: two first loads at once can see a
+                    obj = load(spec, self.registry, self.device)  # half-imported module (ImportError)
                 entry = Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - t0)
                 log.info("loaded %s in %.1fs (%.1f MB)", spec.id, entry.load_seconds, entry.nbytes / 1e6)
                 with self._guard:
