@@ -95,13 +95,22 @@ def quantize_int8(source: Path, target: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    root = logging.getLogger()
+    root.addFilter(_no_preprocessing_advice)
     try:
         quantize_dynamic(str(source), str(tmp), op_types_to_quantize=["MatMul"], per_channel=True,
                          reduce_range=True, weight_type=QuantType.QInt8)
         os.replace(tmp, target)
     finally:
+        root.removeFilter(_no_preprocessing_advice)
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _no_preprocessing_advice(record: logging.LogRecord) -> bool:
+    """onnxruntime's quantizer tells the root logger to pre-process the graph first (shape inference for
+    static quantization); a user starting the CLI should not see that library advice."""
+    return not str(record.msg).startswith("Please consider to run pre-processing before quantization")
 
 
 class OnnxEncoder:
