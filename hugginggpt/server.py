@@ -29,13 +29,14 @@ from .access import bearer_ok, bearer_token, send_public_file
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
+from .mcp.mount import mount as mount_mcp
+from .request import search_query
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
-API_ROUTES = (*MODES, "/upload", "/models/search")
-SEARCH_LIMIT = 100
+API_ROUTES = (*MODES, "/upload", "/models/search", "/mcp")
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 HEARTBEAT_SECONDS = 10.0
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -228,21 +229,11 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     @app.get("/models/search")
     def models_search() -> Response:
         """What the planner can choose from: `task`, `q` (the request's words), `limit`; best first."""
-        task = request.args.get("task", "").strip()
-        q = request.args.get("q", "")
-        raw_limit = request.args.get("limit", "10")
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {raw_limit[:20]!r}") from None
-        if not 1 <= limit <= SEARCH_LIMIT:
-            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {limit}")
-        if len(q) > 1000:
-            raise BadRequest("`q` is longer than 1000 characters")
-        known = engine.selector.tasks()
-        if task and task not in known:
-            raise BadRequest(f"unknown task {task[:60]!r}; the catalog has: {', '.join(sorted(known))}")
-        return jsonify(engine.selector.search(task or None, q, limit))
+        task, q, limit = search_query(request.args.get("task"), request.args.get("q"), request.args.get("limit", "10"),
+                                      engine.selector.tasks())
+        return jsonify(engine.selector.search(task, q, limit))
+
+    mount_mcp(app, engine)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
 
     @app.get("/")
     def index() -> Response:
