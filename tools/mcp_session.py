@@ -16,6 +16,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +44,10 @@ def show(result: Any) -> str:
                 lines.append(f"  image: {c.mime_type}, {len(raw)} bytes, decoded {img.format} {img.size[0]}x{img.size[1]}")
         elif c.type == "audio":
             lines.append(f"  audio: {c.mime_type}, {len(base64.b64decode(c.data))} bytes")
+    for tid, record in ((result.structured_content or {}).get("results") or {}).items():
+        chosen = record.get("choose model result") or {}
+        outcome = ", ".join(f"{k}: {str(v)[:60]}" for k, v in (record.get("inference result") or {}).items())
+        lines.append(f"  task #{tid} {record['task']['task']} on {chosen.get('id')}: {outcome}")
     return "\n".join(lines)
 
 
@@ -88,6 +93,7 @@ def offline(request: str) -> int:
     from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
     from tests.fakes.models_server import FakeModels
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the fakes' access lines
     folder = Path(tempfile.mkdtemp(prefix="hugginggpt-mcp-"))
     public = make_public(folder / "public")
     llm = ScriptedLLM()
