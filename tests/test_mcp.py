@@ -246,4 +246,6 @@ def test_http_needs_the_token_and_an_allowed_origin(orchestrator, llm):
     foreign = requests.post(url, json=body, timeout=10, headers={**accept, "Authorization": f"Bearer {TOKEN}",
                                                                  "Origin": "https://evil.example"})
     assert foreign.status_code == 403 and "cors_origins" in foreign.json()["error"]["message"]
+    stream = requests.get(url, headers={"Accept": "text/event-stream", "Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert stream.status_code == 405 and stream.headers["Allow"] == "POST"  # stateless: no stream to hold open
     assert TOKEN not in orchestrator.logs()

@@ -46,6 +46,7 @@ class McpEndpoint:
         from .tools import build_server
 
         server = build_server(self.engine)
+        logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # a line per call otherwise
         # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
         asgi = server.streamable_http_app(
             streamable_http_path=PATH, stateless_http=True, json_response=True,
@@ -73,6 +74,14 @@ def mount(app: Flask, engine: HuggingGPT) -> None:
     endpoint = McpEndpoint(engine)
 
     def mcp() -> Response:
+        if request.method != "POST":
+            # Stateless: no stream for the server to push on (GET) and no session to end (DELETE). The spec's
+            # answer is 405; an SSE stream with nothing to say would only hold a server thread open.
+            resp = Response(json.dumps({"jsonrpc": "2.0", "id": None, "error": {
+                "code": REFUSED, "message": f"{PATH} takes POST (stateless streamable HTTP: no GET stream, "
+                                           "no session to delete)"}}), 405, mimetype="application/json")
+            resp.headers["Allow"] = "POST"
+            return resp
         return Response.from_app(endpoint.wsgi(), request.environ)
 
     app.add_url_rule(PATH, "mcp", mcp, methods=["GET", "POST", "DELETE"])
