@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[str, dict[str, Any]], None]
 MAX_MESSAGES = 200
 MAX_CONTENT_CHARS = 100_000
+SEARCH_LIMIT = 100
+MAX_QUERY_CHARS = 1000
 
 
 
@@ -81,6 +83,30 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
     if not clean[-1]["content"].strip():
         raise BadRequest("the last message is empty: it must hold the request")
     return clean
+
+
+def search_query(task: Any, q: Any, limit: Any, known: Iterable[str]) -> tuple[str | None, str, int]:
+    """A catalog search (GET /models/search, the MCP tool `search_models`) checked: (task or None, q, limit).
+    `limit` may come as text (a query string) or a number; `known`: the catalog's tasks."""
+    task = "" if task is None else task
+    q = "" if q is None else q
+    if not isinstance(task, str) or not isinstance(q, str):
+        raise BadRequest("`task` and `q` must be text")
+    task = task.strip()
+    try:
+        if isinstance(limit, bool) or not isinstance(limit, int | str):
+            raise ValueError
+        number = int(limit)
+    except ValueError:
+        raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {str(limit)[:20]!r}") from None
+    if not 1 <= number <= SEARCH_LIMIT:
+        raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {number}")
+    if len(q) > MAX_QUERY_CHARS:
+        raise BadRequest(f"`q` is longer than {MAX_QUERY_CHARS} characters")
+    known = set(known)
+    if task and task not in known:
+        raise BadRequest(f"unknown task {task[:60]!r}; the catalog has: {', '.join(sorted(known))}")
+    return task or None, q, number
 
 
 def _check_unicode(value: str, where: str) -> None:

@@ -31,9 +31,11 @@ from .access import bearer_ok, bearer_token, send_public_file
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
+from .mcp.mount import mount as mount_mcp
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .openai_api import ROUTES as OPENAI_ROUTES
 from .openai_api import register as register_openai_routes
+from .request import search_query
 from .requestctx import HEADER as REQUEST_ID_HEADER
 from .requestctx import request_id_from_header
 from .uploads import UploadStore
@@ -41,8 +43,7 @@ from .uploads import UploadStore
 log = logging.getLogger(__name__)
 
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
-API_ROUTES = (*MODES, "/upload", "/models/search", "/metrics", *OPENAI_ROUTES)
-SEARCH_LIMIT = 100
+API_ROUTES = (*MODES, "/upload", "/models/search", "/mcp", "/metrics", *OPENAI_ROUTES)
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 HEARTBEAT_SECONDS = 10.0
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -259,21 +260,11 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     @app.get("/models/search")
     def models_search() -> Response:
         """What the planner can choose from: `task`, `q` (the request's words), `limit`; best first."""
-        task = request.args.get("task", "").strip()
-        q = request.args.get("q", "")
-        raw_limit = request.args.get("limit", "10")
-        try:
-            limit = int(raw_limit)
-        except ValueError:
-            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {raw_limit[:20]!r}") from None
-        if not 1 <= limit <= SEARCH_LIMIT:
-            raise BadRequest(f"`limit` must be a whole number from 1 to {SEARCH_LIMIT}, got {limit}")
-        if len(q) > 1000:
-            raise BadRequest("`q` is longer than 1000 characters")
-        known = engine.selector.tasks()
-        if task and task not in known:
-            raise BadRequest(f"unknown task {task[:60]!r}; the catalog has: {', '.join(sorted(known))}")
-        return jsonify(engine.selector.search(task or None, q, limit))
+        task, q, limit = search_query(request.args.get("task"), request.args.get("q"), request.args.get("limit", "10"),
+                                      engine.selector.tasks())
+        return jsonify(engine.selector.search(task, q, limit))
+
+    mount_mcp(app, engine)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
 
     @app.get("/")
     def index() -> Response:

@@ -1,0 +1,295 @@
+"""The MCP tools over one HuggingGPT engine: a whole request, its decisions, one model, the catalog.
+
+Every input goes through the code the HTTP routes use (`ChatRequest.from_body`, `search_query`, the plan's
+task validation, the URL policy, `allowed_models` / `denied_models`, the upload checks), and every error
+reaches the client as an MCP tool error of one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import AudioContent, CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
+from pydantic import Field, ValidationError
+
+from .. import __version__
+from ..chat import ChatRequest, HuggingGPT, RequestState, validate_messages
+from ..errors import BadRequest, Forbidden, HuggingGPTError, PlanError
+from ..plan import PlanParseError, tasks_from_json
+from ..request import search_query
+from ..resources import OUTPUT_PATH, public_file, resolve, sniff_mime
+from ..select import Selection, control_task_fixup
+from ..uploads import UploadStore
+
+log = logging.getLogger(__name__)
+
+# A Hub id ("org/name") or a bare name: it goes into the backends' URLs, so nothing else gets through.
+MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?", re.ASCII)
+INSTRUCTIONS = (
+    "HuggingGPT: an LLM plans a request as tasks, picks Hugging Face models for them, runs them and answers. "
+    "Call `hugginggpt` for a whole request, `plan` to see the tasks and models without running anything, "
+    "`run_model` to run one task on a model you name, `search_models` to browse the models it can choose from. "
+    "Images and audio go in as http(s) URLs, data: URIs or paths under the server's public/ folder."
+)
+
+Text = Annotated[str, Field(description="the request, in words (as a user would write it)")]
+ImageArg = Annotated[str | None, Field(description="an input image: http(s) URL, data: URI or /path under public/")]
+AudioArg = Annotated[str | None, Field(description="an input audio file: http(s) URL, data: URI or /path under public/")]
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class Tools:
+    """What each tool does, as plain calls over the engine (the MCP wiring is in `build_server`)."""
+
+    def __init__(self, engine: HuggingGPT):
+        self.engine = engine
+        self.config = engine.config
+        self.public = self.config.public_dir.resolve()
+        self.uploads = UploadStore(self.public, self.config.upload_quota_bytes, self.config.max_image_pixels)
+        # MCP calls are admitted like HTTP requests: past max_concurrent_requests a call is refused at once.
+        self.slots = threading.BoundedSemaphore(self.config.max_concurrent_requests)
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        if not self.slots.acquire(blocking=False):
+            raise HuggingGPTError(f"the server is running {self.config.max_concurrent_requests} requests "
+                                  "(max_concurrent_requests); retry shortly")
+        try:
+            yield
+        finally:
+            self.slots.release()
+
+    # -- inputs --------------------------------------------------------------------------------------
+
+    def attach(self, value: str, kind: str) -> str:
+        """An input image or audio (URL fetched under the URL policy, data URI, or public/ path) as a path
+        under public/ that the plan can name; what is not already there is checked and kept like an upload."""
+        c = self.config
+        res = resolve(value, self.public, c.max_fetch_bytes, c.fetch_timeout, c.proxy, self.engine.url_policy)
+        if res.public_path:
+            path, got = res.public_path, res.mime.split("/")[0]
+        else:
+            name = Path(value.split("?", 1)[0]).name if not value.startswith("data:") else ""
+            path, got = self.uploads.store(res.data, name)
+        if got != kind:
+            raise BadRequest(f"`{kind}` must be {'an image' if kind == 'image' else 'audio'}; got {res.mime}")
+        return path
+
+    def request(self, text: str, image: str | None, audio: str | None) -> ChatRequest:
+        """The request as /hugginggpt would receive it: the words, then the inputs by their public/ paths."""
+        validate_messages([{"role": "user", "content": text}])
+        content = text
+        for kind, value in (("image", image), ("audio", audio)):
+            if value is not None:
+                content += f"\n{kind.capitalize()}: {self.attach(value, kind)}"
+        return ChatRequest.from_body({"messages": [{"role": "user", "content": content}]})
+
+    # -- outputs -------------------------------------------------------------------------------------
+
+    def files_of(self, results: dict[int, dict[str, Any]]) -> list[str]:
+        """The images and audio the tasks generated, as public/ paths, in task order."""
+        found: list[str] = []
+        for tid in sorted(results):
+            inference = results[tid].get("inference result") or {}
+            for value in inference.values() if isinstance(inference, dict) else ():
+                if isinstance(value, str) and OUTPUT_PATH.match(value) and value not in found:
+                    found.append(value)
+        return found
+
+    def media(self, paths: list[str]) -> list[ContentBlock]:
+        """Generated images and audio as MCP image/audio content (videos and oversized files stay as paths)."""
+        blocks: list[ContentBlock] = []
+        for path in paths:
+            try:
+                file = public_file(path, self.public)
+            except HuggingGPTError:
+                continue
+            if file.stat().st_size > self.config.max_output_bytes:
+                continue
+            data = file.read_bytes()
+            mime = sniff_mime(data, file.name)
+            encoded = base64.b64encode(data).decode("ascii")
+            if mime.startswith("image/"):
+                blocks.append(ImageContent(type="image", data=encoded, mime_type=mime))
+            elif mime.startswith("audio/"):
+                blocks.append(AudioContent(type="audio", data=encoded, mime_type=mime))
+        return blocks
+
+    # -- the tools -----------------------------------------------------------------------------------
+
+    def hugginggpt(self, text: str, image: str | None = None, audio: str | None = None) -> CallToolResult:
+        request = self.request(text, image, audio)
+        holder: dict[str, RequestState] = {}
+        with self.admitted():
+            answer = self.engine.run(request, "answer", state_ready=lambda s: holder.setdefault("state", s))
+        state = holder.get("state")
+        results: dict[int, dict[str, Any]] = {}
+        if state is not None:
+            with state.lock:
+                results = {tid: state.results[tid] for tid in sorted(state.results)}
+        message = str(answer.get("message", ""))
+        files = self.files_of(results)
+        plain = _jsonable({str(k): v for k, v in results.items()})
+        content: list[ContentBlock] = [TextContent(type="text", text=message), *self.media(files)]
+        if results:
+            content.append(TextContent(type="text", text="Task results: " + json.dumps(plain, ensure_ascii=False)))
+        return CallToolResult(content=content, structured_content={
+            "message": message, "files": files, "results": plain, "request_id": request.request_id})
+
+    def plan(self, text: str, image: str | None = None, audio: str | None = None) -> CallToolResult:
+        request = self.request(text, image, audio)
+        with self.admitted():
+            decided = _jsonable(self.engine.run(request, "decisions"))
+        return CallToolResult(content=[TextContent(type="text", text=json.dumps(decided, ensure_ascii=False))],
+                              structured_content=decided)
+
+    def run_model(self, task: str, model: str, text: str | None = None, image: str | None = None,
+                  audio: str | None = None) -> CallToolResult:
+        """One task on a named model, run the way a plan's task runs (the same executor, URL policy, deadline,
+        allowed/denied models), on the first configured backend that has the model."""
+        args = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
+        if not args:
+            raise BadRequest("give the model its input: `text`, `image` or `audio`")
+        if any("<GENERATED>" in v.upper() for v in args.values()):
+            raise BadRequest("run_model takes its inputs as they are; `<GENERATED>-N` names the output of a "
+                             "planned task, which a single model run has none of")
+        try:
+            plan = tasks_from_json([{"task": task, "id": 0, "dep": [-1], "args": args}])
+        except (PlanParseError, PlanError) as exc:
+            raise BadRequest(str(exc)) from None
+        planned = plan.tasks[0]
+        if planned.error:
+            raise BadRequest(planned.error)
+        control_task_fixup(planned)
+        model = model.strip()
+        if not MODEL_ID.fullmatch(model) or ".." in model:
+            raise BadRequest(f"`model` must be a model id such as google/vit-base-patch16-224, got {model[:100]!r}")
+        selector = self.engine.selector
+        if not selector.permitted(model):
+            raise Forbidden(f"{model} is not permitted here (allowed_models / denied_models)")
+        order = selector.backends_in_order()
+        found = self.engine.availability.check([model], order)
+        backend = next((b for b in order if model in found.get(b, [])), None)
+        if backend is None:
+            where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
+            raise BadRequest(f"{model} is not available on {where}")
+        request = ChatRequest(messages=[{"role": "user", "content": f"run {planned.task} on {model}"}])
+        with self.admitted():
+            state = RequestState(request, self.engine.llm_for(request), None, self.config.request_timeout)
+            chosen: Future = Future()
+            chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller",
+                                        available={backend: [model]}))
+            state.selections[planned.id] = chosen
+            record = self.engine.executor.run_task(state, planned)
+        inference = record["inference result"]
+        if "error" in inference:
+            error = inference["error"]
+            raise HuggingGPTError(f"{model} ({backend}) failed: "
+                                  f"{error.get('message', error) if isinstance(error, dict) else error}")
+        plain = _jsonable(record)
+        files = self.files_of({planned.id: record})
+        content: list[ContentBlock] = [TextContent(type="text", text=json.dumps(plain["inference result"],
+                                                                                ensure_ascii=False)),
+                                       *self.media(files)]
+        return CallToolResult(content=content, structured_content={**plain, "hosted_on": backend, "files": files})
+
+    def search_models(self, task: str | None = None, q: str = "", limit: int = 10) -> CallToolResult:
+        task_name, q, limit = search_query(task, q, limit, self.engine.selector.tasks())
+        cards = _jsonable(self.engine.selector.search(task_name, q, limit))
+        return CallToolResult(content=[TextContent(type="text", text=json.dumps(cards, ensure_ascii=False))],
+                              structured_content={"models": cards})
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def guarded(name: str, fn: Callable[..., CallToolResult]) -> Callable[..., CallToolResult]:
+    """Errors this package raises on purpose become tool errors of one line; anything else is logged here
+    with its traceback and reaches the client as one line naming only its type."""
+
+    def call(*args: Any, **kwargs: Any) -> CallToolResult:
+        try:
+            return fn(*args, **kwargs)
+        except HuggingGPTError as exc:  # the SDK logs it (one line, at INFO)
+            raise ToolError(one_line(str(exc))) from None
+        except Exception as exc:
+            log.exception("MCP tool %s failed", name)
+            raise ToolError(f"internal error ({exc.__class__.__name__}); see the server log") from None
+
+    return call
+
+
+class HuggingGPTServer(MCPServer):
+    """An MCPServer whose argument errors read as one line (`text`: Field required), not pydantic's report."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, ValidationError):
+                raise
+            problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}"
+                                 for e in cause.errors(include_url=False))
+            raise ToolError(f"Error executing tool {name}: {one_line(problems)}") from cause
+
+
+def build_server(engine: HuggingGPT) -> MCPServer:
+    """The four tools over `engine`, for either transport."""
+    tools = Tools(engine)
+    server = HuggingGPTServer("hugginggpt", title="HuggingGPT", version=__version__, instructions=INSTRUCTIONS)
+    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    hugginggpt_call = guarded("hugginggpt", tools.hugginggpt)
+    plan_call = guarded("plan", tools.plan)
+    run_call = guarded("run_model", tools.run_model)
+    search_call = guarded("search_models", tools.search_models)
+
+    @server.tool(name="hugginggpt", title="Ask HuggingGPT")
+    def hugginggpt(text: Text, image: ImageArg = None, audio: AudioArg = None) -> CallToolResult:
+        """Run a whole request: plan it as tasks, pick a model for each, run them and write the answer. Returns
+        the answer, the generated images and audio, and every task's result (as JSON text)."""
+        return hugginggpt_call(text, image, audio)
+
+    @server.tool(name="plan", title="Plan without running", annotations=read_only)
+    def plan(text: Text, image: ImageArg = None, audio: AudioArg = None) -> CallToolResult:
+        """The decisions only: the tasks the request needs and the model chosen for each, with the reasons
+        and the other candidates. Nothing is run."""
+        return plan_call(text, image, audio)
+
+    @server.tool(name="run_model", title="Run one model")
+    def run_model(
+        task: Annotated[str, Field(description="the task type, e.g. image-classification, text-to-image")],
+        model: Annotated[str, Field(description="the model id, e.g. google/vit-base-patch16-224")],
+        text: Annotated[str | None, Field(description="the text input")] = None,
+        image: ImageArg = None,
+        audio: AudioArg = None,
+    ) -> CallToolResult:
+        """Run one task on the model you name, through the server's backends (local models server and/or
+        hosted inference), under the same URL policy, allowed models and limits as a planned task."""
+        return run_call(task, model, text, image, audio)
+
+    @server.tool(name="search_models", title="Search the model catalog", annotations=read_only)
+    def search_models(
+        task: Annotated[str | None, Field(description="only models for this task type")] = None,
+        q: Annotated[str, Field(description="words that describe what the model should do")] = "",
+        limit: Annotated[int, Field(strict=True, description="how many models, 1 to 100")] = 10,
+    ) -> CallToolResult:
+        """The models the planner can choose from, best first (as GET /models/search)."""
+        return search_call(task, q, limit)
+
+    return server
