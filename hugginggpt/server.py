@@ -67,8 +67,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
     app.extensions["hugginggpt"] = engine
 
     origins = list(config.cors_origins) or [LOCAL_ORIGINS]
-    CORS(app, origins=origins, allow_headers=["Content-Type", "Authorization"], methods=["GET", "POST", "OPTIONS"],
-         max_age=600)
+    # a page may send a request id and speak MCP from the browser; it may read the request id back
+    CORS(app, origins=origins, methods=["GET", "POST", "OPTIONS"], max_age=600,
+         allow_headers=["Content-Type", "Authorization", REQUEST_ID_HEADER, "Mcp-Protocol-Version", "Mcp-Session-Id"],
+         expose_headers=[REQUEST_ID_HEADER])
     uploads = UploadStore(public, config.upload_quota_bytes, config.max_image_pixels)
 
     cors_options = get_cors_options(app, {"origins": origins})

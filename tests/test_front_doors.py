@@ -198,3 +198,16 @@ def test_the_request_id_is_echoed_and_in_every_event_and_log_line_of_the_request
     other = requests.post(front.url + "/tasks", json={"messages": [{"role": "user", "content": "fox"}]},
                           headers={**auth, "X-Request-ID": "bad id; drop"}, timeout=30)
     assert re.fullmatch(r"[0-9a-f]{12}", other.headers["X-Request-ID"])  # not a plain token: a fresh one
+
+
+def test_a_browser_page_may_send_and_read_the_request_id(front):
+    page = "http://localhost:5173"  # a loopback page: allowed by the default cors_origins
+    pre = requests.options(front.url + "/hugginggpt", headers={
+        "Origin": page, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type, authorization, x-request-id, mcp-protocol-version"},
+        timeout=10)
+    allowed = {h.strip().lower() for h in pre.headers.get("Access-Control-Allow-Headers", "").split(",")}
+    assert {"x-request-id", "mcp-protocol-version", "authorization"} <= allowed
+    resp = requests.get(front.url + "/v1/models", headers={"Origin": page, "Authorization": "Bearer tok-front-1"},
+                        timeout=10)
+    assert "x-request-id" in resp.headers.get("Access-Control-Expose-Headers", "").lower()
