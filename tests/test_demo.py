@@ -7,29 +7,30 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 import requests
 
 from tests.conftest import ROOT, free_port
 
 
-def demo_processes() -> list[str]:
+def demo_processes(folder: str = "hugginggpt-demo-") -> list[str]:
+    """Processes whose command line names the demo's folder (this demo's only: other demos may be running)."""
     found = []
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             text = open(cmdline, "rb").read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "hugginggpt-demo-" in text:
+        if folder in text:
             found.append(text)
     return found
 
 
 def test_the_demo_starts_quietly_serves_and_cleans_up():
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "hugginggpt-demo-*")))
     port = free_port()
+    folder = None
     proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -60,13 +61,14 @@ def test_the_demo_starts_quietly_serves_and_cleans_up():
         caption = results["0"]["inference result"]["generated text"]
         assert caption.strip(), results  # the tiny captioner says (random) words, so there is something to read
         assert results["1"]["inference result"]["generated audio"].startswith("/audios/"), results
-        assert demo_processes(), "the demo's servers should be running"
         config = lines[1].removeprefix("demo config: ").split()[0]
         assert lines[1].startswith("demo config: ") and os.path.isfile(config), lines
+        folder = next(str(p) for p in Path(config).parents if p.name.startswith("hugginggpt-demo-"))
+        assert len(demo_processes(folder)) >= 2, "the demo's two servers should be running"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "demo stopped" in out
     assert "POST /v1/chat/completions" not in out and "werkzeug" not in out, out  # no access log per LLM call
-    assert demo_processes() == []  # both child servers are gone
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "hugginggpt-demo-*"))) == before  # folder removed
+    assert folder is not None and demo_processes(folder) == []  # both child servers are gone
+    assert not os.path.exists(folder)  # its folder removed
