@@ -39,6 +39,8 @@ class App:
     proc: subprocess.Popen
     log: Path
     seconds: float  # from the command to the printed URL
+    reader: threading.Thread | None = None
+    output: list[str] | None = None  # what it printed after the URL
 
     def client(self) -> Client:
         return Client(self.url + "/", verbose=False, download_files=str(self.log.parent / "downloads"))
@@ -58,18 +60,21 @@ def start_app(folder: Path, *args: str) -> App:
     if not match:
         proc.kill()
         raise RuntimeError(f"the app did not start: {line!r}\n{log.read_text()}")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    return App(match.group(1), proc, log, time.perf_counter() - started)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)  # keep the pipe drained
+    reader.start()
+    return App(match.group(1), proc, log, time.perf_counter() - started, reader, output)
 
 
 def stop_app(app: App) -> str:
     app.proc.send_signal(signal.SIGTERM)
     try:
-        out, _ = app.proc.communicate(timeout=30)
+        app.proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         app.proc.kill()
         raise
-    return out or ""
+    app.reader.join(5)
+    return "".join(app.output)
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +275,88 @@ def test_on_a_running_orchestrator_the_app_streams_and_cancels_over_sse(remote_a
     time.sleep(3.5)
     assert [c["model"] for c in models.calls] == [SLOW_MODEL]
     assert llm.stage_requests("response_results") == []
+
+
+def test_with_no_llm_configured_it_opens_on_the_offline_demo_stack(tmp_path):
+    """`python run_gradio_demo.py` on a fresh clone: no key anywhere, so the scripted LLM and tiny models serve it."""
+    before = set(Path("/tmp").glob("hugginggpt-demo-*")) | set(Path("/tmp").glob("hugginggpt-gradio-*"))
+    app = start_app(tmp_path, "--config", str(ROOT / "configs" / "config.gradio.yaml"))
+    print(f"\noffline demo app started in {app.seconds:.1f} s")
+    try:
+        chat, plan, _ = app.client().predict({"text": "a red fox", "files": []}, api_name="/chat")
+        assert [r[0] for r in plan["data"]] == ["text-to-image", "canny-control", "image-classification",
+                                                "text-to-speech"]
+        assert all(r[4] == "done" for r in plan["data"])
+        assert "offline demo" in texts(chat)[-1]
+        kinds = sorted(Path(f["file"]).suffix for f in files(chat))
+        assert kinds == [".png", ".png", ".wav"]
+    finally:
+        out = stop_app(app)
+    assert app.proc.returncode == 0 and "app stopped" in out
+    after = set(Path("/tmp").glob("hugginggpt-demo-*")) | set(Path("/tmp").glob("hugginggpt-gradio-*"))
+    assert after <= before  # the demo stack and the app's download folder are gone
+
+
+def test_it_will_not_start_on_an_orchestrator_it_cannot_reach(tmp_path):
+    port = free_port()
+    done = subprocess.run([sys.executable, str(ROOT / "run_gradio_demo.py"), "--server", f"http://127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [f"error: cannot reach the orchestrator at http://127.0.0.1:{port} "
+                                                "(ConnectionError)"]
+
+
+def pins(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        spec = line.split("#")[0].strip()
+        if "==" in spec:
+            name, version = spec.split("==")
+            found[name.lower().replace("_", "-")] = version.strip()
+    return found
+
+
+def test_the_space_folder_matches_the_project():
+    front = yaml.safe_load((ROOT / "spaces" / "README.md").read_text().split("---")[1])
+    project = pins(ROOT / "requirements.txt")
+    assert front["sdk"] == "gradio" and front["sdk_version"] == project["gradio"]
+    assert (ROOT / "spaces" / front["app_file"]).is_file()
+    space = pins(ROOT / "spaces" / "requirements.txt")
+    assert space and {name: project.get(name) for name in space} == space  # the same pins, none drifted
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hugginggpt_space_app", ROOT / "spaces" / "app.py")
+    space_app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(space_app)
+    cpu = space_app.app_args(False, {"GRADIO_SERVER_PORT": "7861"})
+    assert cpu[:2] == ["--config", str(ROOT / "configs" / "config.lite.yaml")] and "--visitor-keys" in cpu
+    assert cpu[-4:] == ["--host", "0.0.0.0", "--port", "7861"]
+    assert space_app.app_args(True, {})[1] == str(ROOT / "configs" / "config.gradio.yaml")
+
+
+def test_the_space_starts_lite_and_asks_each_visitor_for_a_key(tmp_path):
+    """spaces/app.py on this CPU box: hosted inference only, no models server, no LLM of its own."""
+    port = free_port()
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "spaces" / "app.py")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**{k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"},
+                                 "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)})
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("HuggingGPT Gradio app ready"):
+                break
+        assert lines[0] == "HuggingGPT Space on CPU: hosted inference", lines
+        assert lines[-1].startswith(f"HuggingGPT Gradio app ready: http://127.0.0.1:{port}/"), lines
+        print(f"\nthe Space (lite) started in {time.perf_counter() - started:.1f} s")
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        chat, *_ = client.predict({"text": "hello", "files": []}, api_name="/chat")
+        assert "no LLM of its own" in texts(chat)[-1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
 
 
 # -- the pieces, with plain data ------------------------------------------------------------------------------------
