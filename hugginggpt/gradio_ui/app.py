@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from ..errors import HuggingGPTError
-from .orchestrators import Orchestrator, Run, UserError, VisitorLLM
+from .orchestrators import Orchestrator, Run, UserError, VisitorLLM, size_text
 from .progress import COLUMNS, Progress, describe, files_of, task_title
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Conversation:
 def read_upload(path: str, limit: int) -> bytes:
     file = Path(path)
     if file.stat().st_size > limit:
-        raise UserError(f"{file.name} is larger than {limit // (1024 * 1024)} MiB")
+        raise UserError(f"{file.name} is larger than {size_text(limit)}")
     return file.read_bytes()
 
 

@@ -31,6 +31,10 @@ GENERATED = re.compile(r"^/(images|audios|videos|uploads|examples)/[\w.-]+$")
 MAX_DOWNLOAD_BYTES = 200 * 1024 * 1024
 
 
+def size_text(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB" if n >= 1024 * 1024 else f"{n / 1024:.0f} KiB"
+
+
 class UserError(Exception):
     """Something the visitor can act on, shown as one line."""
 
@@ -108,7 +112,7 @@ class InProcess:
 
     def upload(self, data: bytes, filename: str) -> tuple[str, str]:
         if len(data) > self.max_bytes:
-            raise UserError(f"{filename or 'the file'} is larger than {self.max_bytes // (1024 * 1024)} MiB")
+            raise UserError(f"{filename or 'the file'} is larger than {size_text(self.max_bytes)}")
         try:
             return self.uploads.store(data, filename)
         except HuggingGPTError as exc:
