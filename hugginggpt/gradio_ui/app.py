@@ -234,7 +234,7 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
     def forget() -> tuple:
         return None, "", "Settings cleared for this session."
 
-    with gr.Blocks(title=title) as demo:
+    with gr.Blocks(title=title, delete_cache=(3600, 86400)) as demo:  # visitors' files leave Gradio's cache
         history = gr.State([])  # what the LLM sees of the conversation: text, files named
         shown = gr.State([])  # what the chat shows: this session's, kept on the server
         llm_state = gr.State(None)

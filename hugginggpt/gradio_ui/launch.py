@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import re
 import signal
@@ -56,13 +57,13 @@ def free_port() -> int:
 class DemoStack:
     """tools/demo.py as a child process: scripted LLM, the real models server on tiny models, the orchestrator."""
 
-    def __init__(self, timeout: float = 600.0):
+    def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(free_port())],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                      start_new_session=True)
-        self.url = self._wait(timeout)
 
-    def _wait(self, timeout: float) -> str:
+    def wait(self, timeout: float = 600.0) -> str:
+        """The orchestrator's URL once the stack says it is ready."""
         deadline, seen = time.monotonic() + timeout, []
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -122,8 +123,8 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
         print(f"no LLM configured ({reason}); starting the offline demo stack (scripted LLM, tiny models). "
               "Export OPENAI_API_KEY or edit the config for real answers.", file=sys.stderr, flush=True)
         demo = DemoStack()
-        stack.callback(demo.stop)
-        remote = Remote(demo.url)
+        stack.callback(demo.stop)  # before waiting: a Ctrl-C while it starts stops it too
+        remote = Remote(demo.wait())
         stack.callback(_remove, remote.files)
         remote.check()
         options["note"] = ("**Offline demo**: a scripted LLM always plans the same four tasks, run by tiny "
@@ -151,22 +152,27 @@ def _remove(folder: Path) -> None:
 
 
 def serve(args: argparse.Namespace, started: float) -> int:
-    import gradio as gr
     import requests
-
-    from .app import CSS, build_app
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Importing Gradio takes seconds: do it while the engine loads (or the demo stack starts).
+    importing = threading.Thread(target=importlib.import_module, args=("gradio",), name="import-gradio", daemon=True)
+    importing.start()
     with contextlib.ExitStack() as stack:
         orchestrator, options = orchestrator_for(args, stack)
+        importing.join()
+        import gradio as gr
+
+        from .app import CSS, build_app
+
         allowed = options.pop("allowed_paths")
         demo = build_app(orchestrator, **options)
         demo.queue(default_concurrency_limit=options.get("concurrency", 16))
         try:
             demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                         allowed_paths=allowed, theme=gr.themes.Soft(), css=CSS, show_error=False,
-                        max_file_size=options.get("max_upload_bytes", 10 * 1024 * 1024), footer_links=[])
+                        max_file_size=options.get("max_upload_bytes", 10 * 1024 * 1024))
         except OSError as exc:
             raise StartError(f"cannot serve on port {args.port or 7860}: {str(exc).splitlines()[0]}") from None
         stack.callback(demo.close)
