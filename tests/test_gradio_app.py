@@ -173,7 +173,18 @@ def test_a_file_that_is_not_media_is_refused_in_one_line(app, llm, tmp_path):
     chat, *_ = app.client().predict({"text": "what is this", "files": [handle_file(str(fake))]}, api_name="/chat")
     assert texts(chat) == ["⚠️ Upload refused: the uploaded image is not a readable image"]  # decoded, as /upload does
     assert llm.requests == []
+    chat, *_ = app.client().predict({"text": "  ", "files": []}, api_name="/chat")
+    assert texts(chat) == ["⚠️ Type a request (and attach images or audio if it needs them)."]
+    assert llm.requests == []
     assert "Traceback" not in app.logs()
+
+
+def test_an_audio_upload_is_stored_and_named_in_the_request(app, llm, public_dir):
+    sound = public_dir / "examples" / "hello.wav"
+    app.client().predict({"text": "what do you hear", "files": [handle_file(str(sound))]}, api_name="/chat")
+    prompt = llm.stage_requests("parse_task")[-1]["body"]["messages"][-1]["content"]
+    stored = re.search(r"\(attached audio: (/uploads/[\w.-]+\.wav)\)", prompt).group(1)
+    assert (public_dir / stored.lstrip("/")).read_bytes() == sound.read_bytes()
 
 
 def test_cancel_stops_the_request_for_real(app, llm, models):
