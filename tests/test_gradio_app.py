@@ -297,8 +297,9 @@ def test_with_no_llm_configured_it_opens_on_the_offline_demo_stack(tmp_path):
     app = start_app(tmp_path, "--config", str(ROOT / "configs" / "config.gradio.yaml"))
     print(f"\noffline demo app started in {app.seconds:.1f} s")
     try:
-        chat, plan, _ = app.client().predict({"text": "a red fox", "files": []}, api_name="/chat")
-        assert [r[0] for r in plan["data"]] == ["text-to-image", "canny-control", "image-classification",
+        ask = 'Draw a red fox, show its edges, classify it and read "a red fox" aloud'  # the demo planner's words
+        chat, plan, _ = app.client().predict({"text": ask, "files": []}, api_name="/chat")
+        assert [r[0] for r in plan["data"]] == ["text-to-image", "image-classification", "canny-control",
                                                 "text-to-speech"]
         assert all(r[4] == "done" for r in plan["data"])
         assert "offline demo" in texts(chat)[-1]
