@@ -13,6 +13,7 @@ $(VENV)/.installed: requirements.txt requirements-models.txt requirements-ray.tx
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0  # first, so nothing pulls a multi-GB CUDA build
 	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-ray.txt -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --no-deps controlnet-aux==0.0.10  # tests run its HED / MLSD / OpenPose code only
 	touch $@
 
 setup: $(VENV)/.installed
