@@ -86,3 +86,23 @@ def test_a_replan_never_runs_a_model_that_already_failed_in_the_request(server, 
     results = server.post("/results", ask("draw a fox")).json()
     assert [c["model"] for c in models.calls].count(SDXL) == 1  # the replan's task did not try it again
     assert "no available model for text-to-image" in results["1"]["inference result"]["error"]["message"]
+
+
+def test_a_replan_may_not_reuse_the_ids_of_tasks_that_already_ran(server, llm, models):
+    """The replan names its tasks from first_id on: one that reuses a finished task's id (or the failed one's) is
+    refused whole, so nothing that already ran is overwritten."""
+    models.models = {SDXL: "text-to-image", "dslim/bert-base-NER": "token-classification",
+                     "microsoft/speecht5_tts": "text-to-speech"}
+    models.broken.add(SDXL)
+    llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Berlin"}),
+                              ("text-to-image", [-1], {"text": "Berlin at night"})))
+    for reused in (0, 1):  # 0 finished; 1 failed (both below first_id 2)
+        llm.on("parse_task", plan(("text-to-speech", [-1], {"text": "say hi"}), first=reused),
+               contains="could not be run")
+        results = server.post("/results", ask("tag it and draw Berlin")).json()
+        assert sorted(results) == ["0", "1"], reused
+        assert results["0"]["task"]["task"] == "token-classification" and "error" not in results["0"]["inference result"]
+        assert results["1"]["task"]["task"] == "text-to-image"
+        assert "every candidate failed" in results["1"]["inference result"]["error"]["message"]
+        assert "microsoft/speecht5_tts" not in [c["model"] for c in models.calls]
+    assert len(llm.stage_requests("parse_task")) == 4  # each request asked for its replan once
