@@ -410,6 +410,12 @@ def test_object_results_are_plain_json(tiny):
     ("google/vit-base-patch16-224", {"img_url": "../../etc/passwd"}, 400, "outside public/"),
     ("facebook/wav2vec2-base-960h", {"audio_url": "/examples/red.png"}, 400, "not a readable audio"),
     ("deepset/roberta-base-squad2", {"text": "who?"}, 400, "`context` is required"),
+    # generation lengths are bounded: no client makes a model generate without end
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": 10**9}, 400, "`max_new_tokens` must be a whole number"),
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": "5"}, 400, "from 1 to 1024"),
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": 0}, 400, "`max_new_tokens`"),
+    ("google/flan-t5-base", {"text": "x", "max_new_tokens": 2.5}, 400, "`max_new_tokens` must be a whole number"),
+    ("google/flan-t5-base", {"text": "x", "max_new_tokens": True}, 400, "`max_new_tokens` must be a whole number"),
 ])
 def test_bad_requests_get_json_errors(tiny, model, body, status, words):
     resp = post(tiny[0], model, body)
@@ -468,6 +474,9 @@ def test_full_level_generation_on_tiny_diffusers_pipelines(tmp_path):
     proc, url = start_models_server(tmp_path, models_dir, public, deployment="full")
     try:
         assert requests.get(url + "/status/stable-diffusion-v1-5/stable-diffusion-v1-5", timeout=5).json()["loaded"]
+        for steps in (10**6, 0, "2", None):  # bounded, so no client makes it denoise for hours
+            bad = post(url, "stable-diffusion-v1-5/stable-diffusion-v1-5", {"text": "a red fox", "steps": steps})
+            assert bad.status_code == 400 and "`steps` must be a whole number from 1 to 150" in bad.text, bad.text
         out = post(url, "stable-diffusion-v1-5/stable-diffusion-v1-5", {"text": "a red fox", "steps": 2})
         assert out.status_code == 200, out.text
         with Image.open(public / out.json()["path"].lstrip("/")) as img:
