@@ -1,6 +1,6 @@
 # Two commands for a fresh clone (see README "Quick start"):
 #   make run    set up .venv, then start the server (or, with no LLM configured, the offline demo)
-#   make test   set up .venv, then ruff and the whole test suite (what CI runs)
+#   make test   set up .venv, then ruff, the whole test suite and the quick mutation audit (what CI runs)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/config.default.yaml
@@ -27,3 +27,4 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
+	$(PY) tools/mutate.py --quick  # a subset of the mutation audit: a few minutes (the full one: tools/mutate.py)

@@ -103,6 +103,8 @@ def test_resources_stay_inside_public(public_dir):
         resolve("/examples/red.png", public_dir, 10, 5)
     uri = ok.data_uri()
     assert resolve(uri, public_dir, 10**6, 5).data == ok.data
+    with pytest.raises(ResourceError, match="data URI is larger than"):  # refused before it is decoded
+        resolve(uri, public_dir, len(ok.data) // 2, 5)
 
 
 def test_urls_are_fetched_with_limits(public_dir, models_server):

@@ -210,6 +210,7 @@ def test_cors_origins_in_the_config(tmp_path, llm, models, models_server, public
         assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "https://app.example.org"
         for near in ("https://app.example.org.evil.example", "http://localhost:5173"):
             assert srv.post("/tasks", ask("hi"), headers={"Origin": near}).status_code == 403
+        assert srv.post("/tasks", ask("hi"), headers={"Origin": srv.url}).status_code == 200  # the web app itself
     finally:
         stop_server(srv)
 

@@ -158,3 +158,13 @@ def test_allowed_and_denied_models_limit_what_clients_can_make_the_server_run(tm
     assert not any(c["model"].startswith("Salesforce/") or c["model"].startswith("stabilityai/")
                    for c in models.calls)
     assert search.status_code == 200
+
+
+def test_an_llm_choice_by_the_models_short_name_is_read_as_that_candidate():
+    from hugginggpt.select import parse_choice
+
+    candidates = ["Salesforce/blip-image-captioning-large", "nlpconnect/vit-gpt2-image-captioning"]
+    assert parse_choice('{"id": "vit-gpt2-image-captioning", "reason": "small"}', candidates) == (
+        "nlpconnect/vit-gpt2-image-captioning", "small")
+    assert parse_choice('{"id": "gpt2-image-captioning"}', candidates)[0] is None  # a suffix of the name is not it
+    assert parse_choice("no idea", candidates)[0] is None

@@ -105,7 +105,7 @@ def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, 
     """The chosen model fails after the client went away: the next candidate is not tried for nobody."""
     blip = "Salesforce/blip-image-captioning-large"
     models.broken.add(blip)
-    models.delays[blip] = 1.5
+    models.delays[blip] = 3.0  # time enough for the server to notice the client left
     llm.on("choose_model", json.dumps({"id": blip, "reason": "best"}))
     llm.on("parse_task", json.dumps([{"task": "image-to-text", "id": 0, "dep": [-1],
                                       "args": {"image": "/examples/red.png"}}]))
@@ -121,3 +121,4 @@ def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, 
         time.sleep(0.1)
     time.sleep(1.0)  # time enough for a fallback call to reach the models server
     assert [c["model"] for c in models.calls] == [blip]
+    assert len(llm.stage_requests("parse_task")) == 1  # nor is the failure replanned for nobody

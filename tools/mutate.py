@@ -3,6 +3,7 @@
     python tools/mutate.py            # every mutation in the list, report survivors (exit 1 if any)
     python tools/mutate.py --list     # names only
     python tools/mutate.py ssrf-check-removed lru-evicts-newest   # just these
+    python tools/mutate.py --quick     # the QUICK subset, one or two per room (what `make test` runs after pytest)
 
 The list below is the spec: each entry names a behaviour we claim, the one-line change that breaks it,
 and the tests that should catch it. A mutation "survives" when those tests still pass. The source file is
@@ -596,6 +597,265 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        parts = [f\"{key} {inference[key]}\" for key in FILE_KEYS if inference.get(key)]",
              "        parts = []",
              ("tests/test_keys_and_access.py::test_a_late_answer_still_reports_what_finished",)),
+    Mutation("slot-leaks-on-a-bad-request", "hugginggpt/server.py",
+             "        except BaseException:\n            slots.release()\n            raise",
+             "        except BaseException:\n            raise",
+             ("tests/test_pipeline.py::test_past_max_concurrent_requests_a_client_gets_429_not_a_queue",)),
+    Mutation("max-messages-unchecked", "hugginggpt/request.py",
+             "    if len(messages) > MAX_MESSAGES:",
+             "    if False:",
+             ("tests/test_bad_input.py::test_bad_bodies",)),
+    Mutation("max-content-chars-unchecked", "hugginggpt/request.py",
+             "        if len(content) > MAX_CONTENT_CHARS:",
+             "        if False:",
+             ("tests/test_bad_input.py::test_bad_bodies",)),
+    Mutation("stream-flag-unchecked", "hugginggpt/server.py",
+             '        for flag in ("return_decisions", "stream"):',
+             '        for flag in ("return_decisions",):',
+             ("tests/test_bad_input.py::test_bad_bodies",)),
+    Mutation("override-type-unchecked", "hugginggpt/request.py",
+             "            if value is not None and not isinstance(value, str):",
+             "            if False:",
+             ("tests/test_bad_input.py::test_bad_bodies",)),
+    Mutation("search-open-without-token", "hugginggpt/server.py",
+             'API_ROUTES = (*MODES, "/upload", "/models/search")',
+             'API_ROUTES = (*MODES, "/upload")',
+             ("tests/test_models_search.py",)),
+    Mutation("get-on-a-mode-route-is-a-404", "hugginggpt/server.py",
+             '        if "/" + filename in MODES:',
+             "        if False:",
+             ("tests/test_bad_input.py::test_wrong_method_and_unknown_route",)),
+    Mutation("ranking-mode-asks-the-llm", "hugginggpt/select.py",
+             '        if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):',
+             '        if self.choose == "auto" and lead >= self.margin:',
+             ("tests/test_selection.py",)),
+    Mutation("auto-margin-ignored", "hugginggpt/select.py",
+             '        if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):',
+             '        if self.choose in ("ranking", "auto"):',
+             ("tests/test_selection.py",)),
+    Mutation("llm-outage-fails-the-selection", "hugginggpt/select.py",
+             "        except LLMError as exc:\n            mid, b = kept[0]",
+             "        except ZeroDivisionError as exc:\n            mid, b = kept[0]",
+             ("tests/test_selection.py", "tests/test_pipeline.py")),
+    Mutation("hybrid-prefers-hosted", "hugginggpt/select.py",
+             '"hybrid": ["local", "huggingface"]',
+             '"hybrid": ["huggingface", "local"]',
+             ("tests/test_hosted.py",)),
+    Mutation("controlnet-allowed-in-huggingface-mode", "hugginggpt/select.py",
+             '            if self.inference_mode == "huggingface":',
+             "            if False:",
+             ("tests/test_hosted.py::test_lite_mode_needs_no_models_server",)),
+    Mutation("text-tasks-sent-to-models", "hugginggpt/select.py",
+             "        if task.task in TEXT_TASKS_FOR_LLM:\n            return Selection(**base, model_id=LLM_MODEL_ID",
+             "        if False:\n            return Selection(**base, model_id=LLM_MODEL_ID",
+             ("tests/test_pipeline.py::test_text_tasks_in_a_plan_are_done_by_the_llm",)),
+    Mutation("control-fixup-removed", "hugginggpt/select.py",
+             '    if task.task.endswith("-text-to-image") and "text" not in task.args and task.task != "text-to-image":',
+             "    if False:",
+             ("tests/test_pipeline.py::test_controlnet_rules",)),
+    Mutation("choice-by-short-name-lost", "hugginggpt/select.py",
+             '            mentioned += [c for c in candidates if c.endswith("/" + chosen.split("/")[-1]) and c not in mentioned]',
+             "            pass",
+             ("tests/test_selection.py::test_an_llm_choice_by_the_models_short_name_is_read_as_that_candidate",)),
+    Mutation("fallback-reason-not-said", "hugginggpt/execute.py",
+             '                choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else',
+             '                choose = {"id": model_id, "reason": sel.reason if True else',
+             ("tests/test_pipeline.py::test_failed_model_falls_back_to_the_next_candidate",)),
+    Mutation("predicted-not-passed-as-text", "hugginggpt/execute.py",
+             '                if key == "text" and inf.get("predicted") is not None:',
+             "                if False:",
+             ("tests/test_replan.py",)),
+    Mutation("deadline-answer-hides-failures", "hugginggpt/respond.py",
+             '        if "error" in inference:\n            err = inference["error"]',
+             '        if False:\n            err = inference["error"]',
+             ("tests/test_keys_and_access.py::test_a_late_answer_still_reports_what_finished",)),
+    Mutation("replan-notes-dropped", "hugginggpt/respond.py",
+             "    if notes:\n        message +=",
+             "    if False:\n        message +=",
+             ("tests/test_replan.py",)),
+    Mutation("cancelled-request-still-answers", "hugginggpt/chat.py",
+             "        if state.cancelled.is_set():\n            log.info(",
+             "        if False:\n            log.info(",
+             ("tests/test_stream.py::test_disconnect_cancels_the_work",)),
+    Mutation("replan-over-max-tasks-runs", "hugginggpt/chat.py",
+             "            if new is None or invalid_tasks(new) or len(new.tasks) > self.config.max_tasks:",
+             "            if new is None or invalid_tasks(new):",
+             ("tests/test_replan.py::test_a_replan_over_max_tasks_is_not_run",)),
+    Mutation("return-decisions-executes", "hugginggpt/server.py",
+             '        if path == "/hugginggpt" and body.get("return_decisions") is True:',
+             "        if False:",
+             ("tests/test_pipeline.py", "tests/test_routes.py")),
+    Mutation("deadline-leaves-running-tasks-open", "hugginggpt/scheduler.py",
+             "            if o.state in (PENDING, RUNNING):",
+             "            if o.state == PENDING:",
+             ("tests/test_scheduler.py",)),
+    Mutation("one-lock-for-all-models", "hugginggpt/modelhost/pool.py",
+             "            return self._locks.setdefault(model_id, threading.Lock())",
+             '            return self._locks.setdefault("", threading.Lock())',
+             ("tests/test_models_server.py::test_one_model_serialises_two_models_overlap",)),
+    Mutation("use-does-not-refresh-recency", "hugginggpt/modelhost/pool.py",
+             "                if entry is not None:\n                    self._loaded.move_to_end(spec.id)",
+             "                if False:\n                    self._loaded.move_to_end(spec.id)",
+             ("tests/test_pool.py",)),
+    Mutation("upload-quota-unchecked", "hugginggpt/uploads.py",
+             "            if self.used_bytes() + len(data) > self.quota_bytes:",
+             "            if False:",
+             ("tests/test_bad_input.py::test_the_upload_quota_refuses_without_deleting",)),
+    Mutation("upload-audio-unchecked", "hugginggpt/uploads.py",
+             "            _check_audio(data)",
+             "            pass",
+             ("tests/test_bad_input.py::test_uploads_are_decoded_before_they_are_kept",)),
+    Mutation("public-path-escapes", "hugginggpt/resources.py",
+             "        if target != root and root not in target.parents:",
+             "        if False:",
+             ("tests/test_config_cli.py::test_resources_stay_inside_public",)),
+    Mutation("data-uri-size-unchecked", "hugginggpt/resources.py",
+             "    if len(m.group(3)) > max_bytes * 4 // 3 + 4:",
+             "    if False:",
+             ("tests/test_config_cli.py::test_resources_stay_inside_public",)),
+    Mutation("public-file-size-unchecked", "hugginggpt/resources.py",
+             "    if path.stat().st_size > max_bytes:",
+             "    if False:",
+             ("tests/test_config_cli.py::test_resources_stay_inside_public",)),
+    Mutation("self-reference-allowed", "hugginggpt/plan.py",
+             "            if ref == task.id:\n",
+             "            if False:\n",
+             ("tests/test_plan.py",)),
+    Mutation("unfold-reuses-ids", "hugginggpt/plan.py",
+             "            if n > 0:\n                clone.id = next_id",
+             "            if False:\n                clone.id = next_id",
+             ("tests/test_plan.py",)),
+    Mutation("origin-any-scheme", "hugginggpt/access.py",
+             '    if parts.scheme not in ("http", "https") or not name:',
+             "    if not name:",
+             ("tests/test_models_server_cross_site.py::test_a_simple_cross_site_post_is_refused",)),
+    Mutation("allowlisted-name-checked-anyway", "hugginggpt/urlpolicy.py",
+             "        if host not in self.allow_hosts:",
+             "        if True:",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("only-the-first-address-checked", "hugginggpt/urlpolicy.py",
+             "            for raw in addresses:",
+             "            for raw in addresses[:1]:",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("error-status-read-as-data", "hugginggpt/urlpolicy.py",
+             "            if resp.status >= 400:",
+             "            if False:",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("llm-retries-unbounded", "hugginggpt/llm.py",
+             "                if exc.status_code not in (408, 409, 429) and exc.status_code < 500 or tries >= "
+             "self.settings.max_retries:",
+             "                if exc.status_code not in (408, 409, 429) and exc.status_code < 500:",
+             ("tests/test_bad_input.py::test_llm_http_error_is_a_502",)),
+    Mutation("llm-4xx-retried", "hugginggpt/llm.py",
+             "                if exc.status_code not in (408, 409, 429) and exc.status_code < 500 or tries >= "
+             "self.settings.max_retries:",
+             "                if tries >= self.settings.max_retries:",
+             ("tests/test_bad_input.py::test_keys_never_reach_the_log_or_the_answer",)),
+    Mutation("config-zero-accepted", "hugginggpt/config.py",
+             "    if value < 0 or (value == 0 and key in data):",
+             "    if value < 0:",
+             ("tests/test_config_cli.py::test_bad_configs_give_one_clear_line",)),
+    Mutation("config-bool-as-int", "hugginggpt/config.py",
+             "    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):",
+             "    if not isinstance(value, kind):",
+             ("tests/test_config_cli.py::test_bad_configs_give_one_clear_line",)),
+    Mutation("config-seconds-unbounded", "hugginggpt/config.py",
+             "    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:",
+             "    if isinstance(value, bool) or not isinstance(value, (int, float)):",
+             ("tests/test_config_cli.py::test_bad_configs_give_one_clear_line",)),
+    Mutation("hosted-error-shows-the-token", "hugginggpt/backends/hosted.py",
+             '                message = message.replace(self.token, "***")',
+             "                pass",
+             ("tests/test_hosted.py::test_token_is_sent_and_never_leaks",)),
+    Mutation("hosted-available-without-token", "hugginggpt/backends/hosted.py",
+             "        if not self.token:\n            return False",
+             "        if False:\n            return False",
+             ("tests/test_hosted.py",)),
+    Mutation("task-events-before-the-plan", "hugginggpt/request.py",
+             '            if self._held is not None and name not in ("plan", "answer", "answer_token", "error"):',
+             "            if False:",
+             ("tests/test_plan_streaming.py", "tests/test_planner.py")),
+    Mutation("dropped-stream-events-delivered", "hugginggpt/request.py",
+             "            for name, event in ([] if drop or held is None else held):",
+             "            for name, event in ([] if held is None else held):",
+             ("tests/test_planner.py",)),
+    Mutation("generation-length-unbounded", "hugginggpt/modelhost/handlers.py",
+             "        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:",
+             "        if False:",
+             ("tests/test_models_server.py::test_bad_requests_get_json_errors",)),
+    Mutation("invalid-replan-used", "hugginggpt/planner.py",
+             "            if better is not None and not invalid_tasks(better):",
+             "            if better is not None:",
+             ("tests/test_replan.py::test_a_replan_that_cannot_run_either_is_not_taken",)),
+    Mutation("invalid-plan-replanned-past-the-budget", "hugginggpt/planner.py",
+             "        if problems and plan.tasks and self.replanner.allowed(state):",
+             "        if problems and plan.tasks:",
+             ("tests/test_replan.py::test_max_replans_zero_turns_it_off",)),
+    Mutation("cancelled-request-replans", "hugginggpt/chat.py",
+             "        while self.replanner.allowed(state) and not state.cancelled.is_set():",
+             "        while self.replanner.allowed(state):",
+             ("tests/test_stream.py::test_fallback_to_the_next_model_stops_once_the_request_is_cancelled",)),
+    Mutation("credentials-in-urls-accepted", "hugginggpt/urlpolicy.py",
+             "        if parts.username is not None or parts.password is not None:",
+             "        if False:",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("any-url-scheme-fetched", "hugginggpt/urlpolicy.py",
+             '        if scheme not in ("http", "https"):',
+             "        if False:",
+             ("tests/test_urlpolicy.py",)),
+    Mutation("replan-failure-note-dropped", "hugginggpt/respond.py",
+             '    if state.replan_attempts and any("error" in r["inference result"] for r in results.values()):',
+             "    if False:",
+             ("tests/test_replan.py",)),
+    Mutation("models-server-output-path-unchecked", "hugginggpt/backends/local.py",
+             '        if not m:\n            raise BackendError(f"the models server named an output that is not a generated file',
+             '        if False:\n            raise BackendError(f"the models server named an output that is not a generated file',
+             ("tests/test_two_machines.py::test_outputs_a_models_server_names_are_only_its_generated_files_and_within_the_size_limit",)),
+    Mutation("models-server-output-unbounded", "hugginggpt/backends/local.py",
+             "                    if size > self.max_output_bytes:",
+             "                    if False:",
+             ("tests/test_two_machines.py::test_outputs_a_models_server_names_are_only_its_generated_files_and_within_the_size_limit",)),
+    Mutation("annotator-files-partial", "hugginggpt/modelhost/registry.py",
+             "            return local if all((local / f).is_file() for f in spec.files) else None",
+             "            return local if any((local / f).is_file() for f in spec.files) else None",
+             ("tests/test_models_server.py::test_registry_names_the_missing_files_of_an_annotator",)),
+    Mutation("same-origin-web-app-refused", "hugginggpt/server.py",
+             '        same = origin.rstrip("/") == request.host_url.rstrip("/")',
+             "        same = False",
+             ("tests/test_keys_and_access.py::test_cors_origins_in_the_config",)),
+    Mutation("failed-upfront-task-runs", "hugginggpt/scheduler.py",
+             "            if failed:\n",
+             "            if False:\n",
+             ("tests/test_scheduler.py",)),
+    Mutation("plan-stream-ignores-escapes", "hugginggpt/planstream.py",
+             "                    self.escaped = True",
+             "                    pass",
+             ("tests/test_plan_streaming.py", "tests/test_planner.py")),
+    Mutation("models-server-body-unlimited", "hugginggpt/modelhost/app.py",
+             '    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes\n',
+             "",
+             ("tests/test_hostile_bodies.py::test_a_body_over_the_models_servers_limit_is_a_413",)),
+)
+
+# One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
+QUICK: tuple[str, ...] = (
+    "api-tokens-only-the-last-counts",  # access.py
+    "ipv6-site-local-allowed",  # urlpolicy.py
+    "fetch-size-limit-only-from-content-length",  # urlpolicy.py (fetching)
+    "streamed-task-waits-on-a-failed-dependency",  # scheduler.py
+    "fallback-goes-on-after-cancel",  # execute.py
+    "missing-reference-guessed-among-several",  # plan.py
+    "replan-reuses-finished-ids",  # replan.py
+    "deadline-answer-drops-files",  # respond.py
+    "max-tasks-not-checked",  # planner.py
+    "invalid-llm-choice-takes-last",  # select.py
+    "slot-leaks-on-a-bad-request",  # server.py
+    "llm-retries-unbounded",  # llm.py
+    "upload-quota-unchecked",  # uploads.py
+    "lru-evicts-newest",  # modelhost/pool.py
+    "models-server-token-ignored",  # modelhost/app.py
+    "health-penalty-ignored",  # catalog/store.py
+    "log-lines-not-escaped",  # logs.py
 )
 
 
@@ -623,10 +883,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="run only these mutations")
     parser.add_argument("--list", action="store_true", help="print the mutation names and exit")
+    parser.add_argument("--quick", action="store_true", help="only the QUICK subset (a few minutes; CI runs it)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation (default %(default)s)")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
-    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    chosen = [m for m in MUTATIONS
+              if (not args.names or m.name in args.names) and (not args.quick or m.name in QUICK)]
+    unknown = (set(args.names) | (set(QUICK) if args.quick else set())) - {m.name for m in MUTATIONS}
     if unknown:
         print(f"unknown mutation(s): {', '.join(sorted(unknown))}; see --list", file=sys.stderr)
         return 2
@@ -634,11 +896,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(m.name for m in chosen))
         return 0
     survivors = 0
+    started = time.monotonic()
     for m in chosen:
         verdict, seconds = run(m, args.timeout)
         survivors += not verdict.startswith("killed")
         print(f"{m.name:34s} {verdict} ({seconds:.0f}s)", flush=True)
-    print(f"{len(chosen) - survivors} of {len(chosen)} mutations killed, {survivors} survived, stale or broken")
+    print(f"{len(chosen) - survivors} of {len(chosen)} mutations killed, {survivors} survived, stale or broken "
+          f"({time.monotonic() - started:.0f}s)")
     return 1 if survivors else 0
 
 

@@ -92,8 +92,9 @@ class FakeHosted:
             body, blob = self.payload()
             with self.lock:
                 self.calls.append({"model": model_id, "json": body is not None, "bytes": len(blob or b"")})
-            if model_id in self.broken:
-                return jsonify({"error": f"{model_id} is overloaded"}), 500
+            if model_id in self.broken:  # a provider that echoes the credentials it was sent, as some do
+                return jsonify({"error": f"{model_id} is overloaded (request by "
+                                         f"{request.headers.get('Authorization', 'nobody')})"}), 500
             return self.answer(self.models[model_id], body, blob)
 
         return app
