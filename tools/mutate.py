@@ -794,7 +794,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("cancelled-request-replans", "hugginggpt/chat.py",
              "        while self.replanner.allowed(state) and not state.cancelled.is_set():",
              "        while self.replanner.allowed(state):",
-             ("tests/test_stream.py::test_fallback_to_the_next_model_stops_once_the_request_is_cancelled",)),
+             ("tests/test_stream.py::test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned",)),
     Mutation("credentials-in-urls-accepted", "hugginggpt/urlpolicy.py",
              "        if parts.username is not None or parts.password is not None:",
              "        if False:",
