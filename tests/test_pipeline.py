@@ -92,8 +92,15 @@ def test_llm_chooses_among_several_candidates_tolerantly(tmp_path, llm, models, 
     srv = start_server(config, tmp_path)
     try:
         result = srv.post("/results", ask("caption")).json()["0"]
+        # an LLM that fails to choose (a 401 is final) leaves the top-ranked candidate, and the task runs
+        llm.failing_stages["choose_model"] = 401
+        fallback = srv.post("/results", ask("caption")).json()["0"]
     finally:
         stop_server(srv)
+    assert fallback["choose model result"]["id"] in ("Salesforce/blip-image-captioning-large",
+                                                    "nlpconnect/vit-gpt2-image-captioning")
+    assert "the LLM could not choose" in fallback["choose model result"]["reason"]
+    assert fallback["inference result"]["generated text"] == "a picture of 80x60 pixels"
     assert result["choose model result"] == {"id": "nlpconnect/vit-gpt2-image-captioning",
                                              "reason": "smaller and fast"}
     prompt = json.dumps(llm.stage_requests("choose_model")[0]["body"]["messages"])

@@ -636,7 +636,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("llm-outage-fails-the-selection", "hugginggpt/select.py",
              "        except LLMError as exc:\n            mid, b = kept[0]",
              "        except ZeroDivisionError as exc:\n            mid, b = kept[0]",
-             ("tests/test_selection.py", "tests/test_pipeline.py")),
+             ("tests/test_pipeline.py::test_llm_chooses_among_several_candidates_tolerantly",)),
     Mutation("hybrid-prefers-hosted", "hugginggpt/select.py",
              '"hybrid": ["local", "huggingface"]',
              '"hybrid": ["huggingface", "local"]',
