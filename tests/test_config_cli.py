@@ -41,6 +41,11 @@ def test_missing_openai_key_names_the_key_and_the_file():
     ("openai: {api_key: x}\ninference_mode: sometimes\n", "`inference_mode` must be one of"),
     ("openai: {api_key: x}\nnum_candidate_models: many\n", "`num_candidate_models` must be a int"),
     ("openai: {api_key: x}\nhttp_listen: {port: '80'}\n", "`http_listen.port`"),
+    ("openai: {api_key: x}\nmax_tasks: 0\n", "`max_tasks` must be a positive whole number"),
+    ("openai: {api_key: x}\nmax_concurrent_requests: -3\n", "`max_concurrent_requests` must be a positive whole"),
+    ("openai: {api_key: x}\nmax_workers: true\n", "`max_workers` must be a int, got True"),
+    ("openai: {api_key: x}\nhttp_read_timeout: 0\n", "`http_read_timeout` must be a number of seconds above 0"),
+    ("openai: {api_key: x}\nhttp_header_timeout: 100000\n", "`http_header_timeout` must be a number of seconds"),
     ("dev: true\n", "`local.endpoint` is required"),
     ("openai: [unclosed\n", "not valid YAML"),
     ("- a\n- b\n", "top level must be a mapping"),
@@ -111,6 +116,8 @@ def test_resources_stay_inside_public(public_dir):
         resolve("/examples/red.png", public_dir, 10, 5)
     uri = ok.data_uri()
     assert resolve(uri, public_dir, 10**6, 5).data == ok.data
+    with pytest.raises(ResourceError, match="data URI is larger than"):  # refused before it is decoded
+        resolve(uri, public_dir, len(ok.data) // 2, 5)
 
 
 def test_urls_are_fetched_with_limits(public_dir, models_server):

@@ -167,3 +167,11 @@ def test_the_models_list_names_no_server_path(models_url):
     problems = [m["problem"] for m in listing["models"] if m["problem"]]
     assert problems and any("local_models_dir/" in p for p in problems)
     assert not any("no-models" in p or "/tmp/" in p for p in problems)  # the absolute models folder
+
+
+def test_a_body_over_the_models_servers_limit_is_a_413(models_url):
+    """The models server takes bodies up to 50 MiB (data URIs of large inputs); past that, a 413, not a parse."""
+    data = b'{"img_url": "data:image/png;base64,' + b"A" * (50 * 1024 * 1024) + b'"}'
+    resp = requests.post(models_url + "/models/canny-control", data=data,
+                         headers={"Content-Type": "application/json"}, timeout=120)
+    assert resp.status_code == 413 and resp.json()["error"]["message"]

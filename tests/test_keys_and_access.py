@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -150,6 +151,26 @@ def test_api_tokens_guard_every_api_route(tmp_path, llm, models, models_server, 
         stop_server(srv)
 
 
+def test_each_of_several_api_tokens_works_and_nothing_near_them_does(tmp_path, llm, models, models_server, public_dir):
+    """Every token in the list is accepted (not only the last), compared whole; the scheme is Bearer only."""
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                          api_tokens=["tok-beta-2", "tok-gamma-3"])
+    srv = start_server(config, tmp_path)
+    try:
+        for header in ("Bearer tok-beta-2", "Bearer tok-gamma-3", "bearer tok-beta-2", "Bearer  tok-gamma-3 "):
+            assert srv.post("/tasks", ask("hi"), headers={"Authorization": header}).status_code == 200, header
+        for near in ("tok-beta", "tok-beta-22", "tok-gamma-", "TOK-BETA-2", "tok-beta-2tok-gamma-3", "tok-beta-2,",
+                     "tok-gamma-3 tok-beta-2"):
+            resp = srv.post("/tasks", ask("hi"), headers={"Authorization": f"Bearer {near}"})
+            assert resp.status_code == 403, near
+        for header in ("Basic tok-beta-2", "tok-beta-2", "Bearer", "Bearer   "):
+            assert srv.post("/tasks", ask("hi"), headers={"Authorization": header}).status_code == 401, header
+        assert len(llm.stage_requests("parse_task")) == 4  # only the accepted requests reached the planner
+    finally:
+        stop_server(srv)
+
+
 def test_a_foreign_web_page_cannot_drive_the_server(server, llm):
     """Simple (preflight-free) requests are refused, and a foreign Origin is refused before anything runs."""
     llm.on("parse_task", "[]")
@@ -189,6 +210,7 @@ def test_cors_origins_in_the_config(tmp_path, llm, models, models_server, public
         assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "https://app.example.org"
         for near in ("https://app.example.org.evil.example", "http://localhost:5173"):
             assert srv.post("/tasks", ask("hi"), headers={"Origin": near}).status_code == 403
+        assert srv.post("/tasks", ask("hi"), headers={"Origin": srv.url}).status_code == 200  # the web app itself
     finally:
         stop_server(srv)
 
@@ -216,14 +238,22 @@ def test_a_late_answer_still_reports_what_finished(tmp_path, llm, models, models
     config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False, request_timeout=3)
     srv = start_server(config, tmp_path)
     try:
-        llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Paris"})))
+        models.broken.add("Salesforce/blip-image-captioning-large")
+        models.broken.add("nlpconnect/vit-gpt2-image-captioning")
+        llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Paris"}),
+                                  ("text-to-image", [-1], {"text": "a fox"}),
+                                  ("image-to-text", [-1], {"image": "/examples/red.png"})))
         llm.on("response_results", "too late", delay=30)
         started = time.monotonic()
-        resp = srv.post("/hugginggpt", ask("tag it"), timeout=60)
+        resp = srv.post("/hugginggpt", ask("tag it and draw a fox"), timeout=60)
         assert time.monotonic() - started < 6
         assert resp.status_code == 200
         message = resp.json()["message"]
         assert "deadline" in message and "token-classification" in message and "dslim/bert-base-NER" in message
+        # the file a finished task made is named in the answer, so it is not lost
+        made = re.search(r"generated image (/images/[\w.-]+\.png)", message)
+        assert made and (public_dir / made.group(1).lstrip("/")).is_file(), message
+        assert "- task 2 (image-to-text" in message and "failed: every candidate failed" in message  # failures too
     finally:
         stop_server(srv)
 

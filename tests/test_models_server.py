@@ -15,6 +15,7 @@ import requests
 import soundfile as sf
 from PIL import Image
 
+from tests import annotators
 from tests.conftest import ROOT, free_port, make_public
 from tests.tiny_models import build_all
 
@@ -56,11 +57,17 @@ def start_models_server(folder: Path, models_dir: Path, public: Path, deployment
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """The standard level on tiny models; hed / mlsd / openpose run controlnet_aux's own code (tests/annotators.py)
+    where the library is installed."""
     folder = tmp_path_factory.mktemp("models-srv")
     models_dir = folder / "models"
     build_all(models_dir)
     public = make_public(folder / "public")
-    proc, url = start_models_server(folder, models_dir, public)
+    standin = annotators.standin(folder / "standin")
+    if standin is not None:
+        annotators.build_checkpoints(models_dir, standin)
+    proc, url = start_models_server(folder, models_dir, public,
+                                    env=annotators.env_with(standin) if standin is not None else None)
     yield url, public, models_dir, folder
     proc.terminate()
     proc.wait(10)
@@ -214,26 +221,101 @@ def test_normal_control_turns_a_depth_estimate_into_a_normal_map(tiny):
     assert post(url, "normal-control", {}).status_code == 400
 
 
-def test_controlnet_aux_annotators_say_why_they_cannot_run(tiny):
-    """hed / mlsd / openpose come from controlnet_aux, which needs torchvision (no CPU build on this machine's
+def test_controlnet_aux_annotators_say_why_they_cannot_run(tmp_path):
+    """Where controlnet_aux does not import (its __init__ needs torchvision, which has no CPU build on this machine's
     registries): with their checkpoints on disk, /status still says no, and every route says why."""
     from hugginggpt.modelhost.registry import library_problem
 
     if library_problem("controlnet_aux") is None:
         pytest.skip("controlnet_aux imports here; this test is about a machine where it cannot")
-    url, _, models_dir, _ = tiny
+    models_dir = tmp_path / "models"
     folder = models_dir / "lllyasviel" / "Annotators"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("ControlNetHED.pth", "mlsd_large_512_fp32.pth", "body_pose_model.pth"):
+    folder.mkdir(parents=True)
+    for name in annotators.FILES:
         (folder / name).write_bytes(b"checkpoint")
+    proc, url = start_models_server(tmp_path, models_dir, make_public(tmp_path / "public"), deployment="minimal")
+    try:
+        rows = {r["id"]: r for r in requests.get(url + "/models", timeout=5).json()["models"]}
+        for kind in ("hed", "mlsd", "openpose"):
+            mid = f"{kind}-control"
+            assert requests.get(f"{url}/status/{mid}", timeout=5).json()["loaded"] is False
+            assert rows[mid]["servable"] is False and "pip install controlnet-aux" in rows[mid]["problem"]
+            out = post(url, mid, {"img_url": "/examples/red.png"})
+            assert out.status_code == 404 and "needs the controlnet_aux library" in out.json()["error"]["message"]
+        assert rows["canny-control"]["servable"] and rows["canny-control"]["problem"] is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_hed_mlsd_openpose_run_the_librarys_own_code_through_our_loader(tiny):
+    """The production loader (`import controlnet_aux`, `<Detector>.from_pretrained(lllyasviel/Annotators)`) on
+    controlnet_aux's own HED, MLSD and OpenPose code and random checkpoints of the real shapes."""
+    if annotators.installed_package() is None:
+        pytest.skip("controlnet_aux is not installed (requirements-dev.txt and the Makefile install it)")
+    url, public, *_ = tiny
     rows = {r["id"]: r for r in requests.get(url + "/models", timeout=5).json()["models"]}
+    maps = {}
     for kind in ("hed", "mlsd", "openpose"):
         mid = f"{kind}-control"
-        assert requests.get(f"{url}/status/{mid}", timeout=5).json()["loaded"] is False
-        assert rows[mid]["servable"] is False and "pip install controlnet-aux" in rows[mid]["problem"]
+        assert rows[mid]["servable"] is True and rows[mid]["problem"] is None, rows[mid]
         out = post(url, mid, {"img_url": "/examples/red.png"})
-        assert out.status_code == 404 and "needs the controlnet_aux library" in out.json()["error"]["message"]
-    assert rows["canny-control"]["servable"] and rows["canny-control"]["problem"] is None
+        assert out.status_code == 200, out.text
+        assert out.json()["path"].startswith("/images/")
+        with Image.open(public / out.json()["path"].lstrip("/")) as img:
+            # the library's own resizing: the short side to 512, both sides to a multiple of 64 (80x60 -> 704x512)
+            assert img.size == (704, 512) and img.mode == "RGB"
+            maps[kind] = np.asarray(img)
+        assert requests.get(f"{url}/status/{mid}", timeout=5).json()["loaded"] is True
+    # three different networks: HED's random weights see edges everywhere, M-LSD finds no line, OpenPose no body
+    assert maps["hed"].mean() > 100 and maps["mlsd"].max() == 0 and maps["openpose"].max() == 0
+    assert post(url, "hed-control", {"text": "no image"}).status_code == 400
+
+
+# one request per task type of the standard level (which includes the minimal one)
+TASK_REQUESTS = {
+    "text-classification": {"text": "a great movie"},
+    "token-classification": {"text": "anna lives in berlin"},
+    "question-answering": {"text": "where is the cat ?", "context": "the cat sits on the mat"},
+    "summarization": {"text": "the cat sits on the mat . the dog is red", "max_new_tokens": 5},
+    "translation": {"text": "hello world", "max_new_tokens": 5},
+    "text2text-generation": {"text": "hello world", "max_new_tokens": 5},
+    "conversational": {"text": "hello", "max_new_tokens": 5},
+    "text-generation": {"text": "the cat", "max_new_tokens": 5},
+    "sentence-similarity": {"text": "a cat", "text2": "a dog"},
+    "image-classification": {"img_url": "/examples/red.png"},
+    "object-detection": {"img_url": "/examples/red.png"},
+    "image-to-text": {"img_url": "/examples/red.png"},
+    "image-segmentation": {"img_url": "/examples/red.png"},
+    "depth-estimation": {"img_url": "/examples/red.png"},
+    "visual-question-answering": {"img_url": "/examples/red.png", "text": "what is red"},
+    "document-question-answering": {"img_url": "/examples/red.png", "text": "who",
+                                    "word_boxes": [["anna", [0, 0, 100, 100]]]},
+    "automatic-speech-recognition": {"audio_url": "/examples/hello.wav"},
+    "audio-classification": {"audio_url": "/examples/hello.wav"},
+    "text-to-speech": {"text": "hello"},
+    **{f"{c}-control": {"img_url": "/examples/red.png"} for c in ("canny", "hed", "mlsd", "normal", "openpose")},
+}
+
+
+def test_the_models_server_serves_every_task_type_of_its_level(tiny):
+    """All 24 task types of the standard level: /models lists a servable model for each, and one answers."""
+    from hugginggpt.modelhost.registry import load_specs
+    from hugginggpt.plan import TASK_TYPES
+
+    if annotators.installed_package() is None:
+        pytest.skip("controlnet_aux is not installed: hed / mlsd / openpose cannot be served")
+    url, *_ = tiny
+    level = {s.task for s in load_specs() if s.level in ("minimal", "standard")}
+    assert level == set(TASK_REQUESTS) and len(level) == 24 and level <= set(TASK_TYPES)
+    servable: dict[str, str] = {}
+    for row in requests.get(url + "/models", timeout=5).json()["models"]:
+        if row["servable"]:
+            servable.setdefault(row["task"], row["id"])
+    assert set(servable) == level, sorted(level - set(servable))
+    for task, model in sorted(servable.items()):
+        out = post(url, model, TASK_REQUESTS[task])
+        assert out.status_code == 200, (task, model, out.text)
 
 
 def test_registry_names_the_missing_files_of_an_annotator(tmp_path):
@@ -328,6 +410,12 @@ def test_object_results_are_plain_json(tiny):
     ("google/vit-base-patch16-224", {"img_url": "../../etc/passwd"}, 400, "outside public/"),
     ("facebook/wav2vec2-base-960h", {"audio_url": "/examples/red.png"}, 400, "not a readable audio"),
     ("deepset/roberta-base-squad2", {"text": "who?"}, 400, "`context` is required"),
+    # generation lengths are bounded: no client makes a model generate without end
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": 10**9}, 400, "`max_new_tokens` must be a whole number"),
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": "5"}, 400, "from 1 to 1024"),
+    ("openai-community/gpt2", {"text": "x", "max_new_tokens": 0}, 400, "`max_new_tokens`"),
+    ("google/flan-t5-base", {"text": "x", "max_new_tokens": 2.5}, 400, "`max_new_tokens` must be a whole number"),
+    ("google/flan-t5-base", {"text": "x", "max_new_tokens": True}, 400, "`max_new_tokens` must be a whole number"),
 ])
 def test_bad_requests_get_json_errors(tiny, model, body, status, words):
     resp = post(tiny[0], model, body)
@@ -386,6 +474,9 @@ def test_full_level_generation_on_tiny_diffusers_pipelines(tmp_path):
     proc, url = start_models_server(tmp_path, models_dir, public, deployment="full")
     try:
         assert requests.get(url + "/status/stable-diffusion-v1-5/stable-diffusion-v1-5", timeout=5).json()["loaded"]
+        for steps in (10**6, 0, "2", None):  # bounded, so no client makes it denoise for hours
+            bad = post(url, "stable-diffusion-v1-5/stable-diffusion-v1-5", {"text": "a red fox", "steps": steps})
+            assert bad.status_code == 400 and "`steps` must be a whole number from 1 to 150" in bad.text, bad.text
         out = post(url, "stable-diffusion-v1-5/stable-diffusion-v1-5", {"text": "a red fox", "steps": 2})
         assert out.status_code == 200, out.text
         with Image.open(public / out.json()["path"].lstrip("/")) as img:

@@ -39,8 +39,9 @@ def test_a_simple_cross_site_post_is_refused(open_server):
     assert requests.post(open_server + MODEL, data="{}", headers={**evil, "Content-Type": "text/plain"},
                          timeout=5).status_code == 403
     assert requests.post(open_server + MODEL, json={"text": "hi"}, headers=evil, timeout=5).status_code == 403
-    assert requests.post(open_server + MODEL, json={"text": "hi"}, headers={"Origin": "null"},
-                         timeout=5).status_code == 403
+    for origin in ("null", "chrome-extension://localhost", "file://localhost", "ws://127.0.0.1"):  # http(s) only
+        assert requests.post(open_server + MODEL, json={"text": "hi"}, headers={"Origin": origin},
+                             timeout=5).status_code == 403, origin
     assert requests.get(open_server + "/models", headers=evil, timeout=5).status_code == 403
 
 

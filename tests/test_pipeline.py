@@ -77,6 +77,7 @@ def test_failed_model_falls_back_to_the_next_candidate(server, llm, models):
     result = server.post("/results", ask("caption")).json()["0"]
     assert result["inference result"]["generated text"] == "a picture of 80x60 pixels"
     assert result["choose model result"]["id"] == "nlpconnect/vit-gpt2-image-captioning"
+    assert result["choose model result"]["reason"] == "fallback after Salesforce/blip-image-captioning-large failed"
     tried = result["inference result"]["fallback"]["tried"]
     assert tried[0]["model"] == "Salesforce/blip-image-captioning-large" and "crashed" in tried[0]["error"]
 
@@ -91,8 +92,15 @@ def test_llm_chooses_among_several_candidates_tolerantly(tmp_path, llm, models, 
     srv = start_server(config, tmp_path)
     try:
         result = srv.post("/results", ask("caption")).json()["0"]
+        # an LLM that fails to choose (a 401 is final) leaves the top-ranked candidate, and the task runs
+        llm.failing_stages["choose_model"] = 401
+        fallback = srv.post("/results", ask("caption")).json()["0"]
     finally:
         stop_server(srv)
+    assert fallback["choose model result"]["id"] in ("Salesforce/blip-image-captioning-large",
+                                                    "nlpconnect/vit-gpt2-image-captioning")
+    assert "the LLM could not choose" in fallback["choose model result"]["reason"]
+    assert fallback["inference result"]["generated text"] == "a picture of 80x60 pixels"
     assert result["choose model result"] == {"id": "nlpconnect/vit-gpt2-image-captioning",
                                              "reason": "smaller and fast"}
     prompt = json.dumps(llm.stage_requests("choose_model")[0]["body"]["messages"])
@@ -264,5 +272,13 @@ def test_past_max_concurrent_requests_a_client_gets_429_not_a_queue(tmp_path, ll
         [t.start() for t in again]
         [t.join() for t in again]
         assert [a.status_code for a in answers] == [200, 200]  # both slots were free again
+        # and from requests refused as bad (the slot is taken before the body is read)
+        for _ in range(3):
+            assert srv.post("/results", {"messages": []}).status_code == 400
+        answers.clear()
+        again = [threading.Thread(target=go) for _ in range(2)]
+        [t.start() for t in again]
+        [t.join() for t in again]
+        assert [a.status_code for a in answers] == [200, 200]
     finally:
         stop_server(srv)

@@ -89,6 +89,19 @@ def test_reference_to_missing_task_is_reported_when_unclear():
     assert "task 7, which is not in the plan" in plan.tasks[0].error
 
 
+def test_a_missing_reference_is_not_guessed_when_several_earlier_tasks_could_have_made_it():
+    plan = parse_plan('[{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "cat"}},'
+                      '{"task": "text-to-image", "id": 1, "dep": [-1], "args": {"text": "dog"}},'
+                      '{"task": "image-to-text", "id": 2, "dep": [0, 1], "args": {"image": "<GENERATED>-7"}}]')
+    task = plan.tasks[2]
+    assert task.args["image"] == "<GENERATED>-7" and "task 7, which is not in the plan" in task.error
+    assert not any("read as" in n for n in plan.notes)
+    # a dep on a task that is not in the plan either is no clue
+    plan = parse_plan('[{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "cat"}},'
+                      '{"task": "image-to-text", "id": 1, "dep": [0, 9], "args": {"image": "<GENERATED>-7"}}]')
+    assert plan.tasks[1].args["image"] == "<GENERATED>-0" and plan.tasks[1].error is None
+
+
 def test_forward_reference_without_cycle_is_kept():
     plan = parse_plan('[{"task": "image-to-text", "id": 0, "dep": [1], "args": {"image": "<GENERATED>-1"}},'
                       '{"task": "text-to-image", "id": 1, "dep": [-1], "args": {"text": "cat"}}]')

@@ -17,12 +17,17 @@ CAPTION = {"task": "image-to-text", "id": 1, "dep": [0], "args": {"image": "<GEN
 
 
 class RecordingSink:
-    def __init__(self):
+    """Records what starts; with a state, says so as the real sink's tasks do (events held until the plan)."""
+
+    def __init__(self, state=None):
         self.started = []
         self.stops = 0
+        self.state = state
 
     def start(self, task):
         self.started.append(task)
+        if self.state is not None:
+            self.state.emit("task_started", {"id": task.id})
 
     def stop(self):
         self.stops += 1
@@ -61,11 +66,11 @@ def test_a_full_plan_that_cannot_run_stops_the_sink_and_is_replanned(tmp_path, l
     llm.on("parse_task", json.dumps(broken))
     llm.on("parse_task", json.dumps([FOX, CAPTION]), contains="cannot run as written")
     planner, state, events = make(tmp_path, llm)
-    sink = RecordingSink()
+    sink = RecordingSink(state)
     planned = planner.plan(state, sink)
     assert [t.id for t in sink.started] == [0] and sink.stops == 1  # task 0 had started; it was stopped
     assert planned.streamed == frozenset() and planned.plan.to_list() == [FOX, CAPTION]
-    assert [name for name, _ in events] == ["replan", "plan"]
+    assert [name for name, _ in events] == ["replan", "plan"]  # the stopped task's held events are dropped
 
 
 def test_a_plan_that_turns_into_a_lone_text_task_is_a_chat_reply_and_the_sink_stops_once(tmp_path, llm):

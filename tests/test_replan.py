@@ -35,6 +35,15 @@ def test_an_invalid_plan_is_replanned_before_anything_runs(server, llm, models):
     assert len(llm.stage_requests("parse_task")) == 2
 
 
+def test_a_replan_that_cannot_run_either_is_not_taken(server, llm, models):
+    llm.on("parse_task", plan(("image-editing", [-1], {"image": "/examples/red.png", "text": "make it blue"})))
+    llm.on("parse_task", plan(("image-magic", [-1], {"image": "/examples/red.png", "text": "make it blue"})),
+           contains="cannot run as written")
+    tasks = server.post("/tasks", ask("make it blue")).json()
+    assert [t["task"] for t in tasks] == ["image-editing"]  # the first plan stands; its task fails with the reason
+    assert len(llm.stage_requests("parse_task")) == 2
+
+
 def test_a_task_that_failed_on_every_model_is_replanned_once(server, llm, models):
     models.models = {SDXL: "text-to-image", "dslim/bert-base-NER": "token-classification",
                      "microsoft/speecht5_tts": "text-to-speech"}
@@ -74,6 +83,10 @@ def test_max_replans_zero_turns_it_off(tmp_path, llm, models, models_server, pub
         llm.on("parse_task", plan(("text-to-image", [-1], {"text": "a fox"})))
         answer = srv.post("/hugginggpt", ask("draw a fox")).json()["message"]
         assert "Replanned" not in answer and len(llm.stage_requests("parse_task")) == 1
+        # nor is a plan that cannot run as written replanned
+        llm.on("parse_task", plan(("image-editing", [-1], {"image": "/examples/red.png", "text": "make it blue"})))
+        tasks = srv.post("/tasks", ask("make it blue")).json()
+        assert tasks[0]["task"] == "image-editing" and len(llm.stage_requests("parse_task")) == 2
     finally:
         stop_server(srv)
 
@@ -86,3 +99,36 @@ def test_a_replan_never_runs_a_model_that_already_failed_in_the_request(server, 
     results = server.post("/results", ask("draw a fox")).json()
     assert [c["model"] for c in models.calls].count(SDXL) == 1  # the replan's task did not try it again
     assert "no available model for text-to-image" in results["1"]["inference result"]["error"]["message"]
+
+
+def test_a_replan_may_not_reuse_the_ids_of_tasks_that_already_ran(server, llm, models):
+    """The replan names its tasks from first_id on: one that reuses a finished task's id (or the failed one's) is
+    refused whole, so nothing that already ran is overwritten."""
+    models.models = {SDXL: "text-to-image", "dslim/bert-base-NER": "token-classification",
+                     "microsoft/speecht5_tts": "text-to-speech"}
+    models.broken.add(SDXL)
+    llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Berlin"}),
+                              ("text-to-image", [-1], {"text": "Berlin at night"})))
+    for reused in (0, 1):  # 0 finished; 1 failed (both below first_id 2)
+        llm.on("parse_task", plan(("text-to-speech", [-1], {"text": "say hi"}), first=reused),
+               contains="could not be run")
+        results = server.post("/results", ask("tag it and draw Berlin")).json()
+        assert sorted(results) == ["0", "1"], reused
+        assert results["0"]["task"]["task"] == "token-classification" and "error" not in results["0"]["inference result"]
+        assert results["1"]["task"]["task"] == "text-to-image"
+        assert "every candidate failed" in results["1"]["inference result"]["error"]["message"]
+        assert "microsoft/speecht5_tts" not in [c["model"] for c in models.calls]
+    assert len(llm.stage_requests("parse_task")) == 4  # each request asked for its replan once
+
+
+def test_a_replan_over_max_tasks_is_not_run(server, llm, models):
+    """max_tasks bounds the replan as it bounds the first plan: a runaway replan runs nothing."""
+    models.models = {SDXL: "text-to-image", "dslim/bert-base-NER": "token-classification"}
+    models.broken.add(SDXL)
+    llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Berlin"}),
+                              ("text-to-image", [-1], {"text": "Berlin at night"})))
+    runaway = [("token-classification", [-1], {"text": f"name {n}"}) for n in range(40)]  # max_tasks is 32
+    llm.on("parse_task", plan(*runaway, first=2), contains="could not be run")
+    results = server.post("/results", ask("tag it and draw Berlin")).json()
+    assert sorted(results, key=int) == ["0", "1"]
+    assert [c["model"] for c in models.calls].count("dslim/bert-base-NER") == 1

@@ -219,3 +219,37 @@ def test_a_scheduler_on_shared_threads_runs_at_most_max_workers_of_its_tasks_at_
     assert all(o.state == DONE for o in out.values()) and peak[0] == 2  # the other four waited their turn
     other = Scheduler.of_graph({0: []}, lambda t: "ok", executor=shared).run(timeout=5)  # the threads live on
     assert other[0].state == DONE and not shared._shutdown
+
+
+def test_a_streamed_task_whose_dependency_already_settled_is_decided_at_once():
+    """Streamed in after its dependency failed: skipped at once with the reason (not left waiting for the
+    deadline); after its dependency finished: it runs at once."""
+    ran: list[int] = []
+    events: list[tuple[str, int]] = []
+
+    def body(tid: int) -> str:
+        ran.append(tid)
+        if tid == 0:
+            raise TaskFailed("task 0 broke")
+        return f"out{tid}"
+
+    s = Scheduler(body, on_event=lambda name, payload: events.append((name, payload["id"])))
+    s.start()
+    s.add(0, [])
+    s.add(1, [])
+    deadline = time.monotonic() + 2
+    while len(s.outcomes()) < 2 or any(o.state in ("pending", "running") for o in s.outcomes().values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    s.add(2, [0])  # its dependency failed before it came
+    s.add(3, [2])
+    s.add(4, [1])  # its dependency finished before it came
+    assert s.outcomes()[2].state == SKIPPED and "task 0" in s.outcomes()[2].error  # decided on arrival
+    s.close_input()
+    started = time.monotonic()
+    out = s.run(timeout=3)
+    assert time.monotonic() - started < 1  # nothing waited for the deadline
+    assert out[0].state == FAILED and out[1].state == DONE and out[4].state == DONE
+    assert out[3].state == SKIPPED and "task 2" in out[3].error
+    assert sorted(ran) == [0, 1, 4]
+    assert ("task_skipped", 2) in events and ("task_skipped", 3) in events

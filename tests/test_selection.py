@@ -205,3 +205,11 @@ def test_denied_models_are_filtered_before_the_catalog_stores_limit(tmp_path, ll
     assert choice["selected_model"] == "quiet/ner", choice
     assert choice["available_candidates"]["local"] == ["quiet/ner"]
     assert [m["id"] for m in search.json()] == ["quiet/ner"]  # browsing shows the same: no denied model
+def test_an_llm_choice_by_the_models_short_name_is_read_as_that_candidate():
+    from hugginggpt.select import parse_choice
+
+    candidates = ["Salesforce/blip-image-captioning-large", "nlpconnect/vit-gpt2-image-captioning"]
+    assert parse_choice('{"id": "vit-gpt2-image-captioning", "reason": "small"}', candidates) == (
+        "nlpconnect/vit-gpt2-image-captioning", "small")
+    assert parse_choice('{"id": "gpt2-image-captioning"}', candidates)[0] is None  # a suffix of the name is not it
+    assert parse_choice("no idea", candidates)[0] is None

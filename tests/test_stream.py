@@ -99,3 +99,48 @@ def test_disconnect_cancels_the_work(server, llm, models):
     assert not any("caption" in m for m in ran)  # the dependent never started
     assert not llm.stage_requests("response_results")  # no answer was written for nobody
     assert "client went away" in server.logs()
+
+
+def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, llm, models):
+    """The chosen model fails after the client went away: the next candidate is not tried for nobody."""
+    blip = "Salesforce/blip-image-captioning-large"
+    models.broken.add(blip)
+    models.delays[blip] = 3.0  # time enough for the server to notice the client left
+    llm.on("choose_model", json.dumps({"id": blip, "reason": "best"}))
+    llm.on("parse_task", json.dumps([{"task": "image-to-text", "id": 0, "dep": [-1],
+                                      "args": {"image": "/examples/red.png"}}]))
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "caption"}],
+                                                           "stream": True}, stream=True, timeout=30)
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: task_started"):
+            break
+    resp.close()  # the client goes away while the first candidate runs
+    deadline = time.monotonic() + 10
+    while "client went away" not in server.logs() or not any(c["model"] == blip for c in models.calls):
+        assert time.monotonic() < deadline, "the request was not cancelled"
+        time.sleep(0.1)
+    time.sleep(1.0)  # time enough for a fallback call to reach the models server
+    assert [c["model"] for c in models.calls] == [blip]
+    assert len(llm.stage_requests("parse_task")) == 1  # nor is the failure replanned for nobody
+
+
+def test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned(server, llm, models):
+    sdxl, ner = "stabilityai/stable-diffusion-xl-base-1.0", "dslim/bert-base-NER"
+    models.broken.add(sdxl)  # fails at once, on its only candidate
+    models.delays[ner] = 3.0
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
+                                     {"task": "token-classification", "id": 1, "dep": [-1],
+                                      "args": {"text": "Anna lives in Paris"}}]))
+    resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
+                                                           "stream": True}, stream=True, timeout=30)
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and '"event": "task_failed"' in line:
+            break
+    resp.close()  # the client goes away while task 1 still runs
+    deadline = time.monotonic() + 10
+    while server.logs().count("client went away") < 1 or not any(c["model"] == ner for c in models.calls):
+        assert time.monotonic() < deadline, "the request was not cancelled"
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert len(llm.stage_requests("parse_task")) == 1  # task 0 failed for good, but nobody is there to replan for
+    assert not llm.stage_requests("response_results")

@@ -134,6 +134,43 @@ def test_a_result_url_is_fetched_under_the_url_policy(tmp_path, llm):
         inner.stop()
 
 
+def test_outputs_a_models_server_names_are_only_its_generated_files_and_within_the_size_limit(tmp_path):
+    """A models server (on another machine, perhaps compromised) names its outputs: only a plain
+    /images|audios|videos/<name> is copied, and no more than max_output_mb of it."""
+    from flask import Flask, Response, jsonify
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+    from hugginggpt.errors import BackendError
+
+    named = {"dots": "/images/../../secret.txt", "abs": "/etc/passwd", "deep": "/images/a/b.png",
+             "big": "/images/big.png", "ok": "/images/small.png"}
+    rogue = Flask("rogue-models")
+
+    @rogue.post("/models/<path:mid>")
+    def infer(mid):
+        return jsonify({"path": named[mid]})
+
+    @rogue.get("/images/<name>")
+    def image(name):
+        size = 3 * 1024 * 1024 if name == "big.png" else 100
+        return Response((b"\x89PNG" + b"\0" * size for _ in range(1)), mimetype="image/png")
+
+    srv = ThreadedServer(rogue).start()
+    public = make_public(tmp_path / "public")
+    backend = LocalModelsServer(srv.url, public, max_output_bytes=1024 * 1024)
+    try:
+        for mid in ("dots", "abs", "deep"):
+            with pytest.raises(BackendError, match="not a generated file"):
+                backend.infer(mid, TaskInputs("text-to-image", text="x"))
+        with pytest.raises(BackendError, match="larger than the 1 MiB output limit"):
+            backend.infer("big", TaskInputs("text-to-image", text="x"))
+        copied = backend.infer("ok", TaskInputs("text-to-image", text="x"))["generated image"]
+        assert copied.startswith("/images/") and (public / copied.lstrip("/")).stat().st_size == 104
+        assert sorted(p.name for p in (public / "images").iterdir()) == [copied.rsplit("/", 1)[1]]
+    finally:
+        srv.stop()
+
 
 def test_many_calls_at_once_reuse_their_connections(models, models_server, public_dir, caplog):
     """The client keeps as many connections as requests in flight: none is closed and reopened per call (a pool

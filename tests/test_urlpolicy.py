@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import threading
+import time
 
 import pytest
 from flask import Flask, Response, redirect, request
@@ -33,6 +35,8 @@ class Recorder:
                 self.hits.append({"path": path, "host": request.headers.get("Host", "")})
             if path == "to" and request.args.get("url"):
                 return redirect(request.args["url"], code=302)
+            if path == "missing":
+                return Response("no such page", status=404, mimetype="text/plain")
             if path == "red.png":
                 import io
 
@@ -64,7 +68,7 @@ def hits(inside):
 BLOCKED = ["127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
            "0.0.0.0", "224.0.0.1", "240.0.0.1", "255.255.255.255", "::1", "::", "fe80::1", "fc00::1", "ff02::1",
            "::ffff:169.254.169.254", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "::127.0.0.1", "64:ff9b::a9fe:a9fe",
-           "2002:a9fe:a9fe::1", "2001:db8::1"]
+           "2002:a9fe:a9fe::1", "2001:db8::1", "fec0::1", "fec0:1234::5", "feff:ffff::1"]  # fec0::/10: site-local
 PUBLIC = ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
 
 
@@ -125,6 +129,20 @@ def test_the_connection_goes_to_the_address_that_was_checked(hits):
     assert hits.hits == [{"path": "pinned", "host": f"rebind.test:{hits.port}"}]
 
 
+def test_every_address_a_name_resolves_to_is_checked(hits):
+    """A name that resolves to a public and an internal address is refused (the connection could go to either)."""
+    policy = UrlPolicy(resolver=lambda host, port: ["8.8.8.8", "127.0.0.1"])
+    with pytest.raises(URLRefused, match="loopback address 127.0.0.1"):
+        fetch(f"http://two-faced.test:{hits.port}/secret", policy, 10**6, 5)
+    assert hits.hits == []
+
+
+def test_an_error_status_is_an_error_not_data(hits):
+    policy = UrlPolicy.from_entries(["127.0.0.1"])
+    with pytest.raises(ResourceError, match="HTTP 404"):
+        fetch(f"http://127.0.0.1:{hits.port}/missing", policy, 10**6, 5)
+
+
 def test_size_limit_and_schemes(hits):
     policy = UrlPolicy.from_entries(["127.0.0.1"])
     with pytest.raises(ResourceError, match="larger than"):
@@ -165,3 +183,79 @@ def test_url_allowlist_in_the_config_opens_an_exception(tmp_path, llm, models, m
         assert [h["path"] for h in hits.hits] == ["red.png"]
     finally:
         stop_server(srv)
+
+
+class RawPeer:
+    """A loopback HTTP peer written on a bare socket: no Content-Length, no chunking, and paced as told.
+
+    endless: sends body bytes until the client hangs up; stall: a few bytes, then silence; dribble: one byte
+    every 0.1 s (a per-read timeout never fires)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.sent: dict[str, int] = {}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            request = conn.recv(65536).decode("latin-1")
+            mode = request.split(" ", 2)[1].strip("/")
+            self.sent[mode] = 0
+            try:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n")
+                until = time.monotonic() + 10
+                while time.monotonic() < until and not self.stop.is_set():
+                    if mode == "endless":
+                        conn.sendall(b"x" * 65536)
+                        self.sent[mode] += 65536
+                    elif mode == "stall":
+                        if not self.sent[mode]:
+                            conn.sendall(b"xxxx")
+                            self.sent[mode] = 4
+                        time.sleep(0.05)
+                    else:  # dribble
+                        conn.sendall(b"x")
+                        self.sent[mode] += 1
+                        time.sleep(0.1)
+            except OSError:  # the client hung up
+                pass
+
+
+@pytest.fixture(scope="module")
+def raw_peer():
+    peer = RawPeer()
+    yield peer
+    peer.stop.set()
+    peer.sock.close()
+
+
+def test_a_body_streamed_without_content_length_is_cut_at_the_size_limit(raw_peer):
+    policy = UrlPolicy.from_entries(["127.0.0.1"])
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match="larger than"):
+        fetch(f"http://127.0.0.1:{raw_peer.port}/endless", policy, 200_000, 20)
+    assert time.monotonic() - started < 5  # stopped at the limit, not at the peer's end (10 s of data)
+
+
+@pytest.mark.parametrize("mode", ["stall", "dribble"])
+def test_a_peer_that_stops_or_dribbles_is_cut_at_the_fetch_timeout(raw_peer, mode):
+    """A peer that stops sending, or sends a byte now and then (a per-read timeout restarts on each), is cut at
+    the fetch's own timeout, with an error that says so."""
+    policy = UrlPolicy.from_entries(["127.0.0.1"])
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match="took longer than 1s"):
+        fetch(f"http://127.0.0.1:{raw_peer.port}/{mode}", policy, 10**6, 1)
+    took = time.monotonic() - started
+    assert 0.9 < took < 3, took

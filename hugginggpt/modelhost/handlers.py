@@ -19,6 +19,9 @@ from ..resources import DEFAULT_MAX_PIXELS, decode_image, new_output_path, resol
 from ..urlpolicy import UrlPolicy
 from .pool import Loaded
 
+MAX_NEW_TOKENS = 1024  # a client's `max_new_tokens` for the text generators
+MAX_STEPS = 150  # a client's `steps` for the diffusion pipelines (JARVIS uses 20-25)
+
 
 @dataclass(frozen=True)
 class Inputs:
@@ -43,6 +46,14 @@ class Inputs:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
             raise BadRequest(f"`{field}` must be a number from {low:g} to {high:g}, got {str(value)[:40]!r}")
         return float(value)
+
+    def integer(self, field: str, default: int, low: int, high: int) -> int:
+        """An optional whole-number field (`max_new_tokens`, `steps`): a string, float, bool or out-of-range value is
+        a 400, so no client can make a model generate or denoise without end."""
+        value = self.body.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise BadRequest(f"`{field}` must be a whole number from {low} to {high}, got {str(value)[:40]!r}")
+        return value
 
     def image(self):
         ref = self.body.get("img_url")
@@ -109,7 +120,7 @@ def token_classification(m: Loaded, i: Inputs) -> Any:
 
 
 def text_generation(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), max_new_tokens=int(i.body.get("max_new_tokens", 40)), do_sample=False)
+    out = m.obj(i.text(), max_new_tokens=i.integer("max_new_tokens", 40, 1, MAX_NEW_TOKENS), do_sample=False)
     return {"generated text": plain(out)[0]["generated_text"]}
 
 
@@ -120,7 +131,7 @@ def seq2seq(m: Loaded, i: Inputs) -> Any:
     batch = tokenizer(i.text(), return_tensors="pt", truncation=True).to(model.device)
     batch.pop("token_type_ids", None)  # BERT-style tokenizers add them; encoder-decoders do not take them
     with torch.inference_mode():
-        out = model.generate(**batch, max_new_tokens=int(i.body.get("max_new_tokens", 128)))
+        out = model.generate(**batch, max_new_tokens=i.integer("max_new_tokens", 128, 1, MAX_NEW_TOKENS))
     return {"generated text": tokenizer.decode(out[0], skip_special_tokens=True)}
 
 
@@ -229,7 +240,7 @@ def document_qa(m: Loaded, i: Inputs) -> Any:
 
 def image_to_image(m: Loaded, i: Inputs) -> Any:
     prompt = i.body.get("text") or "improve the image"
-    out = m.obj(prompt, image=i.image(), num_inference_steps=int(i.body.get("steps", 20)))
+    out = m.obj(prompt, image=i.image(), num_inference_steps=i.integer("steps", 20, 1, MAX_STEPS))
     return i.save_image(out.images[0])
 
 
@@ -237,14 +248,14 @@ def image_to_image(m: Loaded, i: Inputs) -> Any:
 
 
 def text_to_image(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), num_inference_steps=int(i.body.get("steps", 25)))
+    out = m.obj(i.text(), num_inference_steps=i.integer("steps", 25, 1, MAX_STEPS))
     return i.save_image(out.images[0])
 
 
 def text_to_video(m: Loaded, i: Inputs) -> Any:
     from diffusers.utils import export_to_video
 
-    frames = m.obj(i.text(), num_inference_steps=int(i.body.get("steps", 25))).frames[0]
+    frames = m.obj(i.text(), num_inference_steps=i.integer("steps", 25, 1, MAX_STEPS)).frames[0]
     path, public = new_output_path(i.public_dir, "video", "mp4")
     export_to_video(frames, str(path))
     return {"path": public}
@@ -301,7 +312,7 @@ def aux_annotator(m: Loaded, i: Inputs) -> Any:
 
 
 def controlnet_generation(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), image=i.image(), num_inference_steps=int(i.body.get("steps", 20)))
+    out = m.obj(i.text(), image=i.image(), num_inference_steps=i.integer("steps", 20, 1, MAX_STEPS))
     return i.save_image(out.images[0])
 
 

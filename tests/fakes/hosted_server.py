@@ -92,8 +92,9 @@ class FakeHosted:
             body, blob = self.payload()
             with self.lock:
                 self.calls.append({"model": model_id, "json": body is not None, "bytes": len(blob or b"")})
-            if model_id in self.broken:
-                return jsonify({"error": f"{model_id} is overloaded"}), 500
+            if model_id in self.broken:  # a provider (or proxy) that echoes the credentials it was sent
+                echo = request.headers.get("Authorization", "nobody")
+                return jsonify({"error": f"{model_id} is overloaded (request by {echo})"}), f"500 Overloaded ({echo})"
             return self.answer(self.models[model_id], body, blob)
 
         return app

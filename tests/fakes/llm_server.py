@@ -63,6 +63,7 @@ class ScriptedLLM:
     rules: list[Rule] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
+    failing_stages: dict[str, int] = field(default_factory=dict)  # stage -> HTTP status it always answers
     failure_body: str | None = None  # the body of those failures (default: a JSON error)
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
     stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
@@ -88,6 +89,7 @@ class ScriptedLLM:
             self.rules.clear()
             self.requests.clear()
             self.failures.clear()
+            self.failing_stages.clear()
             self.failure_body = None
             self.raw_reply = None
             self.rejects_schema = False
@@ -135,6 +137,10 @@ class ScriptedLLM:
         def chat(deployment: str | None = None) -> Response:
             body = request.get_json(force=True)
             failed = failure()
+            status = self.failing_stages.get(stage_of(body.get("messages") or []))
+            if failed is None and status is not None:
+                failed = jsonify({"error": {"message": f"scripted failure {status}", "type": "server_error"}})
+                failed.status_code = status
             if failed is not None:
                 self.requests.append({"stage": "failed", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})
