@@ -115,7 +115,7 @@ def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, 
         if line.startswith("event: task_started"):
             break
     resp.close()  # the client goes away while the first candidate runs
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 25  # a loaded CI machine: the server notices within a poll, the call takes 3 s
     while "client went away" not in server.logs() or not any(c["model"] == blip for c in models.calls):
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
