@@ -102,25 +102,26 @@ def test_disconnect_cancels_the_work(server, llm, models):
 
 
 def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, llm, models):
-    """The chosen model fails after the client went away: the next candidate is not tried for nobody."""
-    blip = "Salesforce/blip-image-captioning-large"
-    models.broken.add(blip)
-    models.delays[blip] = 3.0  # time enough for the server to notice the client left
-    llm.on("choose_model", json.dumps({"id": blip, "reason": "best"}))
+    """The first candidate fails after the client went away: the next one is not tried for nobody."""
+    captioners = ["Salesforce/blip-image-captioning-large", "nlpconnect/vit-gpt2-image-captioning"]
+    for mid in captioners:  # whichever is chosen first (the ranking and each model's health decide) fails slowly
+        models.broken.add(mid)
+        models.delays[mid] = 3.0  # time enough for the server to notice the client left
     llm.on("parse_task", json.dumps([{"task": "image-to-text", "id": 0, "dep": [-1],
                                       "args": {"image": "/examples/red.png"}}]))
+    went_away = server.logs().count("client went away")
     resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "caption"}],
                                                            "stream": True}, stream=True, timeout=30)
     for line in resp.iter_lines(decode_unicode=True):
         if line.startswith("event: task_started"):
             break
     resp.close()  # the client goes away while the first candidate runs
-    deadline = time.monotonic() + 25  # a loaded CI machine: the server notices within a poll, the call takes 3 s
-    while "client went away" not in server.logs() or not any(c["model"] == blip for c in models.calls):
+    deadline = time.monotonic() + 10
+    while server.logs().count("client went away") == went_away or not models.calls:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
-    time.sleep(1.0)  # time enough for a fallback call to reach the models server
-    assert [c["model"] for c in models.calls] == [blip]
+    time.sleep(3.5)  # time enough for a fallback call to be made and recorded (calls are recorded as they end)
+    assert len(models.calls) == 1 and models.calls[0]["model"] in captioners
     assert len(llm.stage_requests("parse_task")) == 1  # nor is the failure replanned for nobody
 
 
@@ -138,7 +139,7 @@ def test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned(serve
             break
     resp.close()  # the client goes away while task 1 still runs
     deadline = time.monotonic() + 10
-    while server.logs().count("client went away") < 1 or not any(c["model"] == ner for c in models.calls):
+    while "client went away" not in server.logs() or not any(c["model"] == ner for c in models.calls):
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
     time.sleep(1.0)
