@@ -8,6 +8,7 @@ The LLM and models server checks read only configured, trusted endpoints (never 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 import time
@@ -36,6 +37,19 @@ def port_problem(host: str, port: int) -> str | None:
         except OverflowError:
             return "is not a port number (1-65535)"
     return None
+
+
+def taken_port_line(host: str, port: int, script: str) -> str | None:
+    """The one line a launcher (tools/demo.py, tools/start.py) prints when its port cannot be used, naming how to
+    pick another in the words of the command the person typed (`make run` sets HUGGINGGPT_VIA); None when free."""
+    problem = port_problem(host, port)
+    if problem is None:
+        return None
+    via = os.environ.get("HUGGINGGPT_VIA")
+    other = 9000 if port != 9000 else 9001
+    hint = f"`{via} PORT={other}`" if via else f"`python {script} --port {other}`"
+    return (f"error: port {port} {problem} (a demo or server already running there? open http://127.0.0.1:{port}/ "
+            f"or stop it); choose another with {hint}")
 
 
 def _why(exc: requests.RequestException) -> str:

@@ -26,6 +26,7 @@ from flask import Flask, Response, jsonify, request
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config
 from .errors import BadRequest, HuggingGPTError, NotFound
+from .request import generated_files as files_of_results
 from .resources import decode_data_uri, fetch_url
 from .uploads import UploadStore
 
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 MODELS = {"hugginggpt": "answer", "hugginggpt-plan": "decisions"}
 ROUTES = ("/v1/chat/completions", "/v1/models")
 HEARTBEAT_SECONDS = 10.0
-FILE_PATH = re.compile(r"^/(images|audios|videos)/[\w.-]+$")
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
 
 
@@ -113,17 +113,8 @@ def generated_files(state: RequestState | None) -> list[str]:
     if state is None:
         return []
     with state.lock:
-        results = [state.results[t] for t in sorted(state.results)]
-    found: list[str] = []
-    for result in results:
-        inference = result.get("inference result")
-        if not isinstance(inference, dict):
-            continue
-        for key, value in inference.items():
-            if key.startswith("generated") and isinstance(value, str) and FILE_PATH.match(value) \
-                    and value not in found:
-                found.append(value)
-    return found
+        results = dict(state.results)
+    return files_of_results(results)
 
 
 def files_markdown(paths: list[str], base_url: str) -> str:

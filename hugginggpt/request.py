@@ -14,6 +14,7 @@ from typing import Any
 from .errors import BadRequest, LLMError
 from .llm import DeadlineLLM, LLMClient
 from .plan import Task
+from .resources import OUTPUT_PATH
 from .scheduler import Outcome, Scheduler
 from .select import Selection
 
@@ -120,6 +121,21 @@ def _check_unicode(value: str, where: str) -> None:
 def collect_result(task: Task, choose: dict[str, str] | str, inference: dict[str, Any]) -> dict[str, Any]:
     """JARVIS's per-task record."""
     return {"task": task.to_dict(), "inference result": inference, "choose model result": choose}
+
+
+def generated_files(results: dict[int, dict[str, Any]]) -> list[str]:
+    """The files a request's tasks generated (their `generated ...` outputs, as public/ paths), in task order,
+    each once: what the OpenAI and MCP front doors hand back as links and media."""
+    found: list[str] = []
+    for tid in sorted(results):
+        inference = results[tid].get("inference result")
+        if not isinstance(inference, dict):
+            continue
+        for key, value in inference.items():
+            if key.startswith("generated") and isinstance(value, str) and OUTPUT_PATH.match(value) \
+                    and value not in found:
+                found.append(value)
+    return found
 
 
 class RequestState:

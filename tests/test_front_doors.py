@@ -211,3 +211,17 @@ def test_a_browser_page_may_send_and_read_the_request_id(front):
     resp = requests.get(front.url + "/v1/models", headers={"Origin": page, "Authorization": "Bearer tok-front-1"},
                         timeout=10)
     assert "x-request-id" in resp.headers.get("Access-Control-Expose-Headers", "").lower()
+
+
+def test_only_the_files_tasks_generated_are_handed_back():
+    """What the OpenAI answer links and the MCP tool returns as media: `generated ...` outputs that are plain
+    public/ output paths, once each, in task order; never an input a result names, nor text that looks like a path."""
+    from hugginggpt.request import generated_files
+
+    results = {
+        2: {"inference result": {"generated audio": "/audios/b.wav", "image": "/images/input.png"}},
+        0: {"inference result": {"generated image": "/images/a.png", "generated text": "/etc/passwd"}},
+        1: {"inference result": {"generated image": "/images/a.png", "generated video": "/videos/../x.mp4"}},
+        3: {"inference result": "an error string"},
+    }
+    assert generated_files(results) == ["/images/a.png", "/audios/b.wav"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -27,13 +26,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 HOST = "127.0.0.1"
-
-
-def port_hint(port: int) -> str:
-    """How to pick another port, in the words of the command the person typed (`make run` sets HUGGINGGPT_VIA)."""
-    via = os.environ.get("HUGGINGGPT_VIA")
-    other = 9000 if port != 9000 else 9001
-    return f"`{via} PORT={other}`" if via else f"`python tools/demo.py --port {other}`"
 
 
 def lively_captioner(folder: Path) -> None:
@@ -65,14 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli", action="store_true", help="chat in this terminal instead of serving the web app")
     args = parser.parse_args(argv)
 
-    from hugginggpt.checks import port_problem
+    from hugginggpt.checks import taken_port_line
 
     if not args.cli:  # before 20 s of building models: a taken port is one line, at once
-        problem = port_problem(HOST, args.port)
-        if problem:
-            print(f"error: port {args.port} {problem} (a demo or server already running there? open "
-                  f"http://{HOST}:{args.port}/ or stop it); choose another with {port_hint(args.port)}",
-                  file=sys.stderr)
+        taken = taken_port_line(HOST, args.port, "tools/demo.py")
+        if taken:
+            print(taken, file=sys.stderr)
             return 2
 
     from hugginggpt.cli import quiet_libraries

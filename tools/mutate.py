@@ -666,9 +666,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if not args.cli:  # before 20 s of building models",
              "    if False:  # before 20 s of building models",
              ("tests/test_first_hour.py::test_a_taken_port_is_one_line_at_once_never_ready",)),
-    Mutation("port-hint-ignores-make", "tools/start.py",
-             '    return f"`{via} PORT={other}`" if via else',
-             '    return f"`python tools/start.py --port {other}`" if via else',
+    Mutation("port-hint-ignores-make", "hugginggpt/checks.py",
+             '    hint = f"`{via} PORT={other}`" if via else',
+             '    hint = f"`python {script} --port {other}`" if via else',
              ("tests/test_first_hour.py::test_a_taken_port_is_one_line_at_once_never_ready",)),
     Mutation("server-port-checked-after-build", "awesome_chat.py",
              "            problem = port_problem(host, port)\n",
@@ -1112,6 +1112,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              '    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes\n',
              "",
              ("tests/test_hostile_bodies.py::test_a_body_over_the_models_servers_limit_is_a_413",)),
+    Mutation("front-doors-hand-back-any-path", "hugginggpt/request.py",
+             '            if key.startswith("generated") and isinstance(value, str) and OUTPUT_PATH.match(value) \\',
+             '            if isinstance(value, str) and value.startswith("/") \\',
+             ("tests/test_front_doors.py::test_only_the_files_tasks_generated_are_handed_back",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.

@@ -15,13 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def port_hint(port: int) -> str:
-    """How to pick another port, in the words of the command the person typed (`make run` sets HUGGINGGPT_VIA)."""
-    via = os.environ.get("HUGGINGGPT_VIA")
-    other = 9000 if port != 9000 else 9001
-    return f"`{via} PORT={other}`" if via else f"`python tools/start.py --port {other}`"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/config.default.yaml")
@@ -41,14 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.mode == "server":  # before anything slow: a taken port is one line, at once
-        from hugginggpt.checks import port_problem
+        from hugginggpt.checks import taken_port_line
 
         host = "127.0.0.1" if missing or config is None else config.http_host
-        problem = port_problem(host, args.port)
-        if problem:
-            print(f"error: port {args.port} {problem} (a demo or server already running there? open "
-                  f"http://127.0.0.1:{args.port}/ or stop it); choose another with {port_hint(args.port)}",
-                  file=sys.stderr)
+        taken = taken_port_line(host, args.port, "tools/start.py")
+        if taken:
+            print(taken, file=sys.stderr)
             return 2
     if missing:
         print(f"no LLM configured ({reason}): export OPENAI_API_KEY=sk-..., or run `make run "

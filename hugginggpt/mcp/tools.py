@@ -27,8 +27,8 @@ from .. import __version__
 from ..chat import ChatRequest, HuggingGPT, RequestState, validate_messages
 from ..errors import BadRequest, Forbidden, HuggingGPTError, PlanError
 from ..plan import PlanParseError, tasks_from_json
-from ..request import search_query
-from ..resources import OUTPUT_PATH, public_file, resolve, sniff_mime
+from ..request import generated_files, search_query
+from ..resources import public_file, resolve, sniff_mime
 from ..select import Selection, control_task_fixup
 from ..uploads import UploadStore
 
@@ -100,16 +100,6 @@ class Tools:
 
     # -- outputs -------------------------------------------------------------------------------------
 
-    def files_of(self, results: dict[int, dict[str, Any]]) -> list[str]:
-        """The images and audio the tasks generated, as public/ paths, in task order."""
-        found: list[str] = []
-        for tid in sorted(results):
-            inference = results[tid].get("inference result") or {}
-            for value in inference.values() if isinstance(inference, dict) else ():
-                if isinstance(value, str) and OUTPUT_PATH.match(value) and value not in found:
-                    found.append(value)
-        return found
-
     def media(self, paths: list[str]) -> list[ContentBlock]:
         """Generated images and audio as MCP image/audio content (videos and oversized files stay as paths)."""
         blocks: list[ContentBlock] = []
@@ -142,7 +132,7 @@ class Tools:
             with state.lock:
                 results = {tid: state.results[tid] for tid in sorted(state.results)}
         message = str(answer.get("message", ""))
-        files = self.files_of(results)
+        files = generated_files(results)
         plain = _jsonable({str(k): v for k, v in results.items()})
         content: list[ContentBlock] = [TextContent(type="text", text=message), *self.media(files)]
         if results:
@@ -201,7 +191,7 @@ class Tools:
             raise HuggingGPTError(f"{model} ({backend}) failed: "
                                   f"{error.get('message', error) if isinstance(error, dict) else error}")
         plain = _jsonable(record)
-        files = self.files_of({planned.id: record})
+        files = generated_files({planned.id: record})
         content: list[ContentBlock] = [TextContent(type="text", text=json.dumps(plain["inference result"],
                                                                                 ensure_ascii=False)),
                                        *self.media(files)]
