@@ -170,6 +170,7 @@ class HuggingGPT:
         """mode: "answer" (/hugginggpt), "tasks" (/tasks), "results" (/results), "decisions"."""
         state = RequestState(request, self.llm_for(request), on_event, self.config.request_timeout,
                              observe_llm=self.metrics.llm_call)
+        state.executes = mode in ("answer", "results")
         if state_ready:
             state_ready(state)
         token = REQUEST_ID.set(request.request_id)  # every log line of this request names it, on any thread

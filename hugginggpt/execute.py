@@ -18,6 +18,7 @@ from typing import Any
 
 from .backends import Backend, TaskInputs
 from .catalog.health import Health
+from .choose import ready_to_start, selection_at_start
 from .config import Config
 from .errors import BackendError, ResourceError
 from .plan import Task
@@ -62,7 +63,7 @@ class Executor:
             self.resolve_refs(state, task)
         except TaskFailed as exc:
             return collect_result(task, "", {"error": {"message": str(exc)}})
-        sel = state.selection_of(planned)
+        sel = selection_at_start(state, planned)
         if sel.error or not sel.model_id:
             return collect_result(task, sel.choose(), {"error": {"message": sel.error or "no model selected"}})
         if sel.hosted_on == "llm":
@@ -215,9 +216,11 @@ class Round:
         if task is not None:
             payload["task"] = task.task
         if name == "task_started" and task is not None:
-            # "started" after "model chosen": the task waits for its choice anyway (run_task), so say it then
+            # "started" after "model chosen": the task waits for its choice anyway (run_task), so say it then;
+            # a choice the LLM is still thinking about goes to the ranking's pick (the task is ready)
             choice = state.selections.get(task.id)
             if choice is not None:
+                ready_to_start(state, task)
                 wait([choice], timeout=max(0.0, state.deadline - time.monotonic()))
         if name in ("task_finished", "task_failed") and not payload.get("skipped"):
             with state.lock:

@@ -151,7 +151,8 @@ class RequestState:
         self.on_event = on_event  # None: nobody listens, so nothing is streamed
         self.results: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
-        self.selections: dict[int, Future] = {}
+        self.selections: dict[int, Future] = {}  # task id -> its model choice (choose.Choice)
+        self.executes = True  # the tasks will run (False for plan-only and decisions-only requests)
         self.scheduler: Scheduler | None = None  # the running round's, for cancel()
         self.outcomes: dict[int, Outcome] = {}  # the last round's, with start and finish times
         self.cancelled = threading.Event()

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .backends import Backend
@@ -39,6 +39,16 @@ def is_reference(value: str) -> bool:
 
 
 @dataclass
+class Question:
+    """What the LLM is asked when the ranking alone does not decide (its lead is below the margin, or
+    `choose_model: llm`): the candidates kept, best first, with the cards it reads."""
+
+    kept: list[tuple[str, str]]  # (model id, backend)
+    metas: list[dict[str, Any]]
+    lead: float | None  # the top candidate's score lead over the next (None: `llm` asks whatever the lead)
+
+
+@dataclass
 class Selection:
     task_id: int
     task: str
@@ -48,6 +58,15 @@ class Selection:
     available: dict[str, list[str]] = field(default_factory=dict)  # backend -> available ids, ranked
     error: str | None = None
     seconds: float = 0.0  # how long choosing took (ranking, status checks, the LLM's choice)
+    # set while the LLM's choice is wanted: this selection is then the ranking's pick, which stands when the
+    # LLM cannot answer (or, in `auto`, when the task is ready to run before it has answered)
+    question: Question | None = field(default=None, repr=False, compare=False)
+
+    def without_llm(self, why: str) -> Selection:
+        """The ranking's pick as the final choice, saying why the LLM's choice was not waited for."""
+        lead = self.question.lead if self.question is not None else None
+        ahead = f"{lead:.3f} ahead of the next candidate, below choose_model_margin; " if lead is not None else ""
+        return replace(self, question=None, reason=f"top-ranked for this request ({ahead}{why})")
 
     def choose(self) -> dict[str, str] | str:
         """JARVIS's `choose model result`: {"id", "reason"} (or "" when nothing was chosen)."""
@@ -276,14 +295,25 @@ class Selector:
 
     def select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float = 0.0,
                exclude: frozenset[str] = frozenset()) -> Selection:
-        """exclude: models that already failed in this request (a replan never picks them again)."""
+        """The final choice for `task`, the LLM asked when the ranking does not decide.
+        exclude: models that already failed in this request (a replan never picks them again)."""
         started = time.perf_counter()
-        selection = self._select(user_input, task, llm, logit_bias, exclude)
+        selection = self.by_ranking(user_input, task, exclude)
+        if selection.question is not None:
+            selection = self.ask_llm(selection, user_input, task, llm, logit_bias)
         selection.seconds = time.perf_counter() - started
         return selection
 
-    def _select(self, user_input: str, task: Task, llm: LLMClient, logit_bias: float,
-                exclude: frozenset[str] = frozenset()) -> Selection:
+    def by_ranking(self, user_input: str, task: Task, exclude: frozenset[str] = frozenset()) -> Selection:
+        """Everything but the LLM: the fixed rules, the ranking and the status checks. When the LLM's choice is
+        wanted the answer is the ranking's pick with its `question` set (`ask_llm` asks it): the caller decides
+        whether to wait for the LLM."""
+        started = time.perf_counter()
+        selection = self._select(user_input, task, exclude)
+        selection.seconds = time.perf_counter() - started
+        return selection
+
+    def _select(self, user_input: str, task: Task, exclude: frozenset[str] = frozenset()) -> Selection:
         base = dict(task_id=task.id, task=task.task)
         if task.task.endswith("-text-to-image") or task.task.endswith("-control"):
             if self.inference_mode == "huggingface":
@@ -328,23 +358,33 @@ class Selector:
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, reason="Only one model available.", available=available)
         lead = by_id[kept[0][0]].score - by_id[kept[1][0]].score
+        mid, b = kept[0]
         if self.choose == "ranking" or (self.choose == "auto" and lead >= self.margin):
-            mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, available=available,
                              reason=f"top-ranked for this request ({lead:.2f} ahead of the next candidate"
                                     f"{': ' + by_id[mid].reason if by_id[mid].reason else ''}); "
                                     "chosen without asking the LLM")
-        metas: list[dict[str, Any]] = [by_id[m].card.meta(self.max_description_length, b) for m, b in kept]
+        metas: list[dict[str, Any]] = [by_id[m].card.meta(self.max_description_length, bb) for m, bb in kept]
+        return Selection(**base, model_id=mid, hosted_on=b, available=available, reason="top-ranked candidate",
+                         question=Question(kept, metas, lead if self.choose == "auto" else None))
+
+    def ask_llm(self, pick: Selection, user_input: str, task: Task, llm: LLMClient,
+                logit_bias: float = 0.0) -> Selection:
+        """The LLM's choice among `pick.question`'s candidates; the ranking's pick when it cannot choose."""
+        question = pick.question
+        if question is None:
+            return pick
+        final = replace(pick, question=None)
         try:
-            reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), metas), logit_bias_weight=logit_bias)
+            reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), question.metas),
+                             logit_bias_weight=logit_bias)
         except LLMError as exc:
-            mid, b = kept[0]
-            return Selection(**base, model_id=mid, hosted_on=b, available=available,
-                             reason=f"top-ranked candidate (the LLM could not choose: {exc})")
-        chosen, reason = parse_choice(reply, [m for m, _ in kept])
+            final.reason = f"top-ranked candidate (the LLM could not choose: {exc})"
+            return final
+        chosen, reason = parse_choice(reply, [m for m, _ in question.kept])
         if chosen is None:
-            mid, b = kept[0]
-            return Selection(**base, model_id=mid, hosted_on=b, available=available,
-                             reason="top-ranked candidate (the LLM's choice was not one of the candidates)")
-        hosted_on = next(b for m, b in kept if m == chosen)
-        return Selection(**base, model_id=chosen, hosted_on=hosted_on, reason=reason, available=available)
+            final.reason = "top-ranked candidate (the LLM's choice was not one of the candidates)"
+            return final
+        final.model_id, final.reason = chosen, reason
+        final.hosted_on = next(b for m, b in question.kept if m == chosen)
+        return final
