@@ -7,17 +7,19 @@ answer and the web page only ever name files this server can serve.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-import requests
+import urllib3
 
 from ..errors import BackendError, ResourceError
 from ..resources import KIND_DIRS, OUTPUT_PATH, extension_for, save_bytes, sniff_mime
-from ..urlpolicy import UrlPolicy, deadline_scope, fetch, watched_adapter
+from ..urlpolicy import WATCHED_POOL_CLASSES, UrlPolicy, deadline_scope, fetch
 from . import TaskInputs
 from .normalize import FILE_KEYS, normalize
 
@@ -41,28 +43,31 @@ class LocalModelsServer:
         self.policy = policy or UrlPolicy()
         self.max_output_bytes = max_output_bytes
         self.copy_timeout = copy_timeout
-        self._http = requests.Session()
-        self._http.trust_env = False  # a configured, trusted endpoint: no proxy from the environment
-        # Connections that obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
-        adapter = watched_adapter(pool_connections=2, pool_maxsize=max(10, connections))
-        self._http.mount("http://", adapter)
-        self._http.mount("https://", adapter)
-        if token:
-            self._http.headers["Authorization"] = f"Bearer {token}"
+        # urllib3 itself, not requests: a model call is on every task's path, and requests' session machinery
+        # (settings merged per call, hooks, cookies) cost more CPU than the call. A configured, trusted
+        # endpoint: no proxy from the environment, no redirects followed, no retries (a task is not repeated).
+        # Connections obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
+        self._http = urllib3.PoolManager(num_pools=2, maxsize=max(10, connections), retries=False)
+        self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _get_json(self, path: str) -> tuple[int, Any]:
+        resp = self._http.request("GET", self.base_url + path, headers=self._headers,
+                                  timeout=urllib3.Timeout(total=self.status_timeout))
+        return resp.status, json.loads(resp.data)
 
     def running(self) -> bool:
         try:
-            return bool(self._http.get(f"{self.base_url}/running", timeout=self.status_timeout).json().get("running"))
-        except (requests.RequestException, ValueError, AttributeError):
+            return bool(self._get_json("/running")[1].get("running"))
+        except (urllib3.exceptions.HTTPError, ValueError, AttributeError):
             return False
 
     def is_available(self, model_id: str) -> bool:
         """Servable there now (`loaded`, JARVIS's word), or a Hub model it downloads on first use (`loadable`)."""
         try:
-            resp = self._http.get(f"{self.base_url}/status/{model_id}", timeout=self.status_timeout)
-            state = resp.json()
-            return resp.status_code == 200 and bool(state.get("loaded") or state.get("loadable"))
-        except (requests.RequestException, ValueError, AttributeError):
+            status, state = self._get_json(f"/status/{quote(model_id, safe='/')}")
+            return status == 200 and bool(state.get("loaded") or state.get("loadable"))
+        except (urllib3.exceptions.HTTPError, ValueError, AttributeError):
             return False
 
     def body(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
@@ -77,24 +82,29 @@ class LocalModelsServer:
         return body
 
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
-        url = f"{self.base_url}/models/{model_id}"
+        url = f"{self.base_url}/models/{quote(model_id, safe='/')}"
         timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
+        body = json.dumps(self.body(model_id, inputs), ensure_ascii=False).encode()
         # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
         with deadline_scope(time.monotonic() + self.task_timeout) as watch:
             try:
-                resp = self._http.post(url, json=self.body(model_id, inputs), timeout=self.task_timeout)
-            except requests.Timeout:
+                resp = self._http.request("POST", url, body=body, timeout=urllib3.Timeout(
+                    connect=self.task_timeout, read=self.task_timeout),
+                    headers={**self._headers, "Content-Type": "application/json"})
+            except urllib3.exceptions.NewConnectionError:  # a subclass of TimeoutError, but nothing timed out
+                raise BackendError("the local models server is unreachable (ConnectionError)") from None
+            except urllib3.exceptions.TimeoutError:
                 raise BackendError(timed_out) from None
-            except requests.RequestException as exc:
+            except urllib3.exceptions.HTTPError as exc:
                 if watch is not None and watch.fired:
                     raise BackendError(timed_out) from None
-                raise BackendError(f"the local models server is unreachable ({exc.__class__.__name__})") from None
+                raise BackendError(f"the local models server is unreachable ({_cause(exc)})") from None
         try:
-            raw = resp.json()
+            raw = json.loads(resp.data)
         except ValueError:
-            raise BackendError(f"local models server answered HTTP {resp.status_code} without JSON for {model_id}") from None
-        if resp.status_code >= 400 and not (isinstance(raw, dict) and "error" in raw):
-            raw = {"error": {"message": f"HTTP {resp.status_code}"}}
+            raise BackendError(f"local models server answered HTTP {resp.status} without JSON for {model_id}") from None
+        if resp.status >= 400 and not (isinstance(raw, dict) and "error" in raw):
+            raw = {"error": {"message": f"HTTP {resp.status}"}}
         result = normalize(inputs.task, raw, inputs, self.public_dir)
         for key in FILE_KEYS:
             if isinstance(result.get(key), str) and result[key]:
@@ -117,20 +127,31 @@ class LocalModelsServer:
         folder, name = m.groups()
         if (self.public_dir / folder / name).is_file():  # the two servers share one public/
             return f"/{folder}/{name}"
-        url = f"{self.base_url}/{folder}/{name}"
+        url = f"{self.base_url}/{folder}/{quote(name)}"
         try:
-            with deadline_scope(time.monotonic() + self.copy_timeout), \
-                    self._http.get(url, stream=True, timeout=(self.status_timeout, self.copy_timeout)) as resp:
-                if resp.status_code != 200:
-                    raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status_code}")
-                chunks, size = [], 0
-                for chunk in resp.iter_content(65536):
-                    size += len(chunk)
-                    if size > self.max_output_bytes:
-                        raise BackendError(f"{named} on the models server is larger than the "
-                                           f"{self.max_output_bytes // (1024 * 1024)} MiB output limit")
-                    chunks.append(chunk)
-        except requests.RequestException as exc:
-            raise BackendError(f"copying {named} from the models server failed ({exc.__class__.__name__})") from None
+            with deadline_scope(time.monotonic() + self.copy_timeout):
+                resp = self._http.request("GET", url, headers=self._headers, preload_content=False,
+                                          timeout=urllib3.Timeout(connect=self.status_timeout, read=self.copy_timeout))
+                try:
+                    if resp.status != 200:
+                        raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status}")
+                    chunks, size = [], 0
+                    for chunk in resp.stream(65536):
+                        size += len(chunk)
+                        if size > self.max_output_bytes:
+                            raise BackendError(f"{named} on the models server is larger than the "
+                                               f"{self.max_output_bytes // (1024 * 1024)} MiB output limit")
+                        chunks.append(chunk)
+                finally:
+                    resp.release_conn()
+        except urllib3.exceptions.HTTPError as exc:
+            raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
         ext = name.rsplit(".", 1)[-1] if "." in name else "bin"
         return save_bytes(self.public_dir, _KIND_OF_DIR[folder], b"".join(chunks), ext)
+
+
+def _cause(exc: urllib3.exceptions.HTTPError) -> str:
+    """What went wrong, by the exception's class (requests' names, which the messages always used)."""
+    if isinstance(exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ProtocolError):
+        return "ConnectionError"
+    return exc.__class__.__name__
