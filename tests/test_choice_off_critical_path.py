@@ -134,3 +134,39 @@ def test_a_streamed_request_announces_the_choice_once_and_before_the_task_starts
     selected = next(e for e in events if e["event"] == "model_selected" and e.get("id") == 1)
     assert selected["model"] == TOP and "before its answer" in selected["reason"]
     assert events[-1]["event"] == "done"
+
+
+def test_a_task_ready_before_the_ranking_waits_for_the_ranking_and_not_for_the_llm():
+    """Plain data: the task is ready while its candidates are still being ranked; the ranking's pick comes and
+    the task takes it at once (the LLM asked meanwhile is not waited for); the LLM's later answer changes nothing
+    and the choice is announced once."""
+    import threading
+    from dataclasses import replace
+
+    from hugginggpt.choose import Choice, selection_at_start
+    from hugginggpt.plan import Task
+    from hugginggpt.request import ChatRequest, RequestState
+    from hugginggpt.select import Question, Selection
+
+    events: list[tuple[str, dict]] = []
+    state = RequestState(ChatRequest(messages=[{"role": "user", "content": REQUEST}]), None,  # type: ignore[arg-type]
+                         lambda name, payload: events.append((name, payload)), timeout=30)
+    task = Task(task="text-to-image", id=0, dep=[-1], args={"text": REQUEST})
+    choice = state.selections[0] = Choice()
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(selection_at_start(state, task)), daemon=True)
+    waiter.start()
+    time.sleep(0.3)  # the task waits for the ranking
+    assert not got
+    kept = [(TOP, "local"), (LLM_PICK, "local")]
+    pick = Selection(0, "text-to-image", TOP, "local", "top-ranked candidate", available={"local": [TOP, LLM_PICK]},
+                     question=Question(kept, [], 0.001))
+    choice.offer(pick)
+    waiter.join(5)
+    try:
+        assert got and got[0].model_id == TOP and "before its answer" in got[0].reason
+        assert not choice.settle(state, task, replace(pick, model_id=LLM_PICK, question=None))  # the LLM, too late
+        assert state.selection_of(task).model_id == TOP
+        assert [p["model"] for name, p in events if name == "model_selected"] == [TOP]
+    finally:
+        choice.settle(state, task, pick)  # never leave the waiter blocked

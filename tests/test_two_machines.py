@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import pytest
 import requests
 from PIL import Image
 
-from tests.conftest import make_public, start_server, stop_server, write_config
+from tests.conftest import free_port, make_public, start_server, stop_server, write_config
 from tests.fakes.llm_server import ThreadedServer
 from tests.test_models_server import start_models_server
 from tests.tiny_models import BUILDERS
@@ -190,3 +191,33 @@ def test_many_calls_at_once_reuse_their_connections(models, models_server, publi
                                 range(60)))
     assert all("error" not in r for r in results)
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+def test_a_models_server_that_is_down_reads_as_unreachable_and_one_too_slow_as_timed_out(tmp_path):
+    """urllib3 calls a refused connection a kind of timeout; the user must read which of the two it was, and
+    a status check of a server that is down says "not available" (no exception)."""
+    from flask import Flask, jsonify
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+    from hugginggpt.errors import BackendError
+
+    public = make_public(tmp_path / "public")
+    down = LocalModelsServer(f"http://127.0.0.1:{free_port()}", public, task_timeout=5)
+    with pytest.raises(BackendError, match=r"unreachable \(ConnectionError\)"):
+        down.infer("dslim/bert-base-NER", TaskInputs("token-classification", text="Anna"))
+    assert down.is_available("dslim/bert-base-NER") is False and down.running() is False
+
+    slow = Flask("slow-models")
+
+    @slow.post("/models/<path:mid>")
+    def infer(mid):
+        time.sleep(3)
+        return jsonify([])
+
+    srv = ThreadedServer(slow).start()
+    try:
+        with pytest.raises(BackendError, match="timed out after 1s"):
+            LocalModelsServer(srv.url, public, task_timeout=1).infer("x/y", TaskInputs("token-classification", text="a"))
+    finally:
+        srv.stop()

@@ -46,8 +46,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return ranker.rank(query, cards)[::-1][:limit]",
              ("tests/test_ranking.py", "tests/test_selection.py")),
     Mutation("invalid-llm-choice-takes-last", "hugginggpt/select.py",
-             "        if chosen is None:\n            mid, b = kept[0]",
-             "        if chosen is None:\n            mid, b = kept[-1]",
+             "        if chosen is None:\n            final.reason = ",
+             "        if chosen is None:\n            chosen = question.kept[-1][0]\n"
+             "        if False:\n            final.reason = ",
              ("tests/test_selection.py",)),
     Mutation("num-candidates-ignored", "hugginggpt/select.py",
              "                if len(kept) < self.num_candidates and m not in [k for k, _ in kept]:",
@@ -413,8 +414,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "data.map(c => `<div class=\"card\" data-id=\"${esc(c.id)}\"><b>${c.id}</b>",
              ("tests/test_web.py::test_the_models_box_searches_the_catalog_and_shows_cards_safely",)),
     Mutation("models-server-pool-of-ten", "hugginggpt/backends/local.py",
-             "pool_maxsize=max(10, connections)",
-             "pool_maxsize=10",
+             "maxsize=max(10, connections)",
+             "maxsize=10",
              ("tests/test_two_machines.py::test_many_calls_at_once_reuse_their_connections",)),
     Mutation("max-tasks-not-checked", "hugginggpt/planner.py",
              "        if len(plan.tasks) > self.config.max_tasks:",
@@ -692,8 +693,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              '                out.write(text)\n                out.write("\\n")\n',
              ("tests/test_cli_pty.py::test_progress_lines_from_many_threads_are_never_glued",)),
     Mutation("started-before-chosen", "hugginggpt/execute.py",
-             "            if choice is not None:\n                wait(",
-             "            if False:\n                wait(",
+             "            if choice is not None:\n                ready_to_start(state, task)\n                wait(",
+             "            if False:\n                ready_to_start(state, task)\n                wait(",
              ("tests/test_first_hour.py::test_stream_times_never_go_back_and_done_names_the_request",
               "tests/test_cli_pty.py::test_progress_lines_are_whole_in_order_and_the_answer_reads_as_text")),
     Mutation("event-times-go-back", "hugginggpt/request.py",
@@ -911,8 +912,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              '        if self.choose in ("ranking", "auto"):',
              ("tests/test_selection.py",)),
     Mutation("llm-outage-fails-the-selection", "hugginggpt/select.py",
-             "        except LLMError as exc:\n            mid, b = kept[0]",
-             "        except ZeroDivisionError as exc:\n            mid, b = kept[0]",
+             "        except LLMError as exc:\n            final.reason",
+             "        except ZeroDivisionError as exc:\n            final.reason",
              ("tests/test_pipeline.py::test_llm_chooses_among_several_candidates_tolerantly",)),
     Mutation("hybrid-prefers-hosted", "hugginggpt/select.py",
              '"hybrid": ["local", "huggingface"]',
@@ -1116,6 +1117,39 @@ MUTATIONS: tuple[Mutation, ...] = (
              '            if key.startswith("generated") and isinstance(value, str) and OUTPUT_PATH.match(value) \\',
              '            if isinstance(value, str) and value.startswith("/") \\',
              ("tests/test_front_doors.py::test_only_the_files_tasks_generated_are_handed_back",)),
+    # -- issue 16, round 3: the LLM's choice off the critical path; the models server client on urllib3 ----------
+    Mutation("auto-asks-the-llm-for-ready-tasks", "hugginggpt/choose.py",
+             "            if not waits and inputs_ready(state, task):",
+             "            if False:",
+             ("tests/test_choice_off_critical_path.py",)),
+    Mutation("ready-task-waits-for-the-llm", "hugginggpt/choose.py",
+             "                if not waits:\n                    choice.offer(sel)",
+             "                if False:\n                    choice.offer(sel)",
+             ("tests/test_choice_off_critical_path.py",)),
+    Mutation("ready-task-inputs-ignored", "hugginggpt/choose.py",
+             "        return all(d in state.results for d in deps)",
+             "        return True",
+             ("tests/test_choice_off_critical_path.py",)),
+    Mutation("llm-mode-does-not-wait", "hugginggpt/choose.py",
+             '            waits = selector.choose == "llm" or not state.executes',
+             "            waits = not state.executes",
+             ("tests/test_choice_off_critical_path.py",)),
+    Mutation("decisions-do-not-wait-for-the-llm", "hugginggpt/choose.py",
+             '            waits = selector.choose == "llm" or not state.executes',
+             '            waits = selector.choose == "llm"',
+             ("tests/test_selection.py",)),
+    Mutation("ranking-pick-taken-without-the-ranking", "hugginggpt/choose.py",
+             "        if self.done() or not self.ranked.wait(timeout):",
+             "        if self.done():",
+             ("tests/test_choice_off_critical_path.py",)),
+    Mutation("models-server-refused-reads-as-timeout", "hugginggpt/backends/local.py",
+             "            except urllib3.exceptions.NewConnectionError:",
+             "            except ZeroDivisionError:",
+             ("tests/test_two_machines.py::test_a_models_server_that_is_down_reads_as_unreachable_and_one_too_slow_as_timed_out",)),
+    Mutation("models-server-calls-unbounded", "hugginggpt/backends/local.py",
+             "        self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES\n",
+             "",
+             ("tests/test_deadlines_and_secrets.py::test_a_dribbling_models_server_is_cut_at_the_task_deadline",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
@@ -1130,6 +1164,7 @@ QUICK: tuple[str, ...] = (
     "deadline-answer-drops-files",  # respond.py
     "max-tasks-not-checked",  # planner.py
     "invalid-llm-choice-takes-last",  # select.py
+    "ready-task-waits-for-the-llm",  # choose.py
     "slot-leaks-on-a-bad-request",  # server.py
     "llm-retries-unbounded",  # llm.py
     "upload-quota-unchecked",  # uploads.py
