@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import socket
 import subprocess
@@ -38,6 +39,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def catalog_of(folder: Path, models: FakeModels, cards: list[dict[str, Any]]) -> Path:
+    """A catalog file of `cards`, and the fake models server serving exactly those models."""
+    catalog = folder / "catalog.jsonl"
+    catalog.write_text("\n".join(json.dumps(c) for c in cards) + "\n")
+    models.models = {c["id"]: c["task"] for c in cards}
+    return catalog
 
 
 def make_public(folder: Path) -> Path:

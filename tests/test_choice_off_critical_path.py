@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import catalog_of, start_server, stop_server, write_config
 
 TOP = "niche/photoreal-diffusion"  # the keyword ranker's pick for REQUEST
 LLM_PICK = "mid/sketch-diffusion"  # what the scripted LLM chooses instead
@@ -39,9 +39,7 @@ CHAIN_PLAN = [{"task": "image-to-text", "id": 0, "dep": [-1], "args": {"image": 
 
 @pytest.fixture
 def server_for(tmp_path, llm, models, models_server, public_dir):
-    catalog = tmp_path / "catalog.jsonl"
-    catalog.write_text("\n".join(json.dumps(c) for c in CARDS) + "\n")
-    models.models = {c["id"]: c["task"] for c in CARDS}
+    catalog = catalog_of(tmp_path, models, CARDS)
     _, models_url = models_server
     started = []
 

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from hugginggpt.select import Availability
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import catalog_of, start_server, stop_server, write_config
 
 # Four text-to-image models: the most popular is the least fitting for a photo request.
 CARDS = [
@@ -28,9 +28,7 @@ REQUEST = "a photorealistic portrait photograph of an old fisherman"
 
 @pytest.fixture
 def catalog_server(tmp_path, llm, models, models_server, public_dir):
-    catalog = tmp_path / "catalog.jsonl"
-    catalog.write_text("\n".join(json.dumps(c) for c in CARDS) + "\n")
-    models.models = {c["id"]: c["task"] for c in CARDS}
+    catalog = catalog_of(tmp_path, models, CARDS)
     _, models_url = models_server
     servers = {}
 
