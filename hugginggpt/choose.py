@@ -13,7 +13,6 @@ taken if it comes before the inputs do; otherwise the task starts on the ranking
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -117,7 +116,7 @@ def _choose(state: RequestState, selector: Selector, task: Task, logit_bias: flo
     """Rank; ask the LLM when the ranking does not decide and its answer can still change what runs; settle."""
     try:
         started = time.perf_counter()
-        task = copy.deepcopy(task)
+        task = task.copy()
         sel = selector.by_ranking(state.request.user_input, task, failed)
         if sel.question is not None:
             waits = selector.choose == "llm" or not state.executes  # nothing runs: the answer is the choice

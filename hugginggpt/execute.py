@@ -7,7 +7,6 @@ fall back to the next candidate, and keep one JARVIS-shaped record per task in t
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import re
@@ -58,7 +57,7 @@ class Executor:
         return Round(self, state)
 
     def run_task(self, state: RequestState, planned: Task) -> dict[str, Any]:
-        task = copy.deepcopy(planned)
+        task = planned.copy()
         try:
             self.resolve_refs(state, task)
         except TaskFailed as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .textsafe import clean_text
@@ -64,6 +64,11 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "id": self.id, "dep": list(self.dep), "args": dict(self.args)}
+
+    def copy(self) -> Task:
+        """An independent copy (its lists and dicts new; the values are strings and ints): what deepcopy gives,
+        at a fraction of its cost on the per-task path."""
+        return replace(self, dep=list(self.dep), args=dict(self.args))
 
     def refs(self) -> list[int]:
         out: list[int] = []

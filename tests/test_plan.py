@@ -134,3 +134,15 @@ def test_duplicate_ids_are_renumbered():
     plan = parse_plan('[{"task": "text-to-image", "id": 0, "args": {"text": "a"}},'
                       '{"task": "text-to-image", "id": 0, "args": {"text": "b"}}]')
     assert sorted(t.id for t in plan.tasks) == [0, 1]
+
+
+def test_a_task_copy_is_independent_of_the_planned_task():
+    """A task's arguments are resolved (`<GENERATED>-N` replaced) in a copy: the plan keeps its references."""
+    from hugginggpt.plan import Task
+
+    planned = Task(id=1, task="image-to-text", dep=[0], args={"image": "<GENERATED>-0"})
+    running = planned.copy()
+    running.args["image"] = "/images/drawn.png"
+    running.dep.append(2)
+    assert planned.args == {"image": "<GENERATED>-0"} and planned.dep == [0]
+    assert running.to_dict() == {"task": "image-to-text", "id": 1, "dep": [0, 2], "args": {"image": "/images/drawn.png"}}

@@ -128,3 +128,16 @@ def test_config_constraints_prefer_a_language_and_cap_size(catalog):
     ids = [c.id for c in ranked]
     assert "dslim/bert-base-NER" not in ids  # over the size cap
     assert ids[0] in ("flair/ner-german", "fhswf/bert_de_ner")  # the preferred language first
+
+
+def test_the_languages_a_request_names_are_read_as_whole_words():
+    from hugginggpt.catalog.cards import ModelCard, languages_in
+
+    assert languages_in("Translate this ENGLISH text into German, please") == {"en", "de"}
+    assert languages_in("germanic runes, frenchfries and a spanishlike tune") == set()
+    assert languages_in("a multilingual model for Chinese/Japanese") == {"multilingual", "zh", "ja"}
+    # and they decide between two cards that differ only in their language
+    cards = [ModelCard(id=f"t/{lang}", task="translation", description="translation model", language=(lang,))
+             for lang in ("fr", "de")]
+    ranked = KeywordRanker().rank(RankQuery(task="translation", text="translate this into German"), cards)
+    assert ranked[0][0].id == "t/de"

@@ -1150,6 +1150,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES\n",
              "",
              ("tests/test_deadlines_and_secrets.py::test_a_dribbling_models_server_is_cut_at_the_task_deadline",)),
+    Mutation("request-languages-ignored", "hugginggpt/catalog/cards.py",
+             "    return {LANGUAGE_WORDS[word] for word in _LANGUAGE_RE.findall(text.lower())}",
+             "    return set()",
+             ("tests/test_ranking.py::test_the_languages_a_request_names_are_read_as_whole_words",)),
+    Mutation("task-copy-shares-args", "hugginggpt/plan.py",
+             "        return replace(self, dep=list(self.dep), args=dict(self.args))",
+             "        return replace(self)",
+             ("tests/test_plan.py::test_a_task_copy_is_independent_of_the_planned_task",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.

@@ -75,9 +75,12 @@ def popularity(card: ModelCard) -> float:
     return min(1.0, (math.log10(1 + card.likes) / 4 + math.log10(1 + card.downloads) / 8) / 2)
 
 
+_LANGUAGE_RE = re.compile(r"\b(" + "|".join(LANGUAGE_WORDS) + r")\b")
+
+
 def languages_in(text: str) -> set[str]:
-    found = {code for word, code in LANGUAGE_WORDS.items() if re.search(rf"\b{word}\b", text.lower())}
-    return found
+    """The languages a request names ("... into German"): one pass over the text, whatever its length."""
+    return {LANGUAGE_WORDS[word] for word in _LANGUAGE_RE.findall(text.lower())}
 
 
 def language_fit(card: ModelCard, wanted: set[str]) -> float:
