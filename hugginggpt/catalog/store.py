@@ -105,7 +105,14 @@ class Candidate:
     gated: str | None = None
     license: str | None = None
     source: str = "hub"
-    reason: str = ""
+    # the runner-up's factors and the weights, for `reason`
+    versus: tuple[Factors | None, Weights] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def reason(self) -> str:
+        """The factors that put it ahead of the next candidate. Worked out when read: a selection reads the
+        reason of the one model it picks, not of the ten it ranked."""
+        return explain(self.factors, *self.versus) if self.versus is not None else ""
 
     def to_json(self) -> dict[str, Any]:
         c = self.card
@@ -605,15 +612,14 @@ class CatalogStore:
         ranked.sort(key=lambda r: -r[0])  # stable: equal scores keep the static order
         out = []
         for i, (s, f, row, card) in enumerate(ranked[:limit]):  # the reason: what put it ahead of the next
-            out.append(self._candidate(row, f, s, card,
-                                       reason=explain(f, ranked[i + 1][1] if i + 1 < len(ranked) else None, w)))
+            out.append(self._candidate(row, f, s, card, versus=(ranked[i + 1][1] if i + 1 < len(ranked) else None, w)))
         return out
 
     def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard | None = None,
-                   reason: str = "") -> Candidate:
+                   versus: tuple[Factors | None, Weights] | None = None) -> Candidate:
         return Candidate(card=card or card_from_store_row(row), score=s, factors=f, library=row.get("library"),
                          local=row.get("local"), providers=tuple(row.get("providers") or ()), gated=row.get("gated"),
-                         license=row.get("license"), source=row.get("source", "hub"), reason=reason)
+                         license=row.get("license"), source=row.get("source", "hub"), versus=versus)
 
     def ranked(self, query: RankQuery, limit: int, **kw: Any) -> list[tuple[ModelCard, float]]:
         """Drop-in for `Catalog.ranked(query, ranker, limit)`: (card, score) pairs, best first."""
