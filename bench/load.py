@@ -17,6 +17,7 @@ Reported in one run:
 - the server's RSS and thread count after all requests.
 
     python bench/load.py [--keyword] [--rounds 4]
+    python bench/load.py --cpu [--keyword]   # only the server's CPU per request, no delays, 3 x 100 requests
 
 `--keyword` runs the same with `semantic_ranking: false`, for comparison. On a shared machine the absolute
 figures move with the other load; compare the ratios, and runs made side by side.
@@ -198,22 +199,50 @@ def serve(config: Path, folder: Path, rounds: int) -> dict:
         stop_server(server)
 
 
-def main(rounds: int, keyword: bool) -> None:
+def cpu_only(config: Path, folder: Path, runs: int = 3, requests_per_run: int = 100) -> list[float]:
+    """Server CPU per request with the LLM and the models answering at once: only the orchestrator's own work,
+    over enough requests that the clock's 10 ms ticks do not matter."""
+    server = start_server(config, folder)
+    try:
+        load = Load(server.url)
+        load.run(1, 10)
+        out = []
+        for _ in range(runs):
+            before = cpu_seconds(server.proc.pid)
+            load.run(1, requests_per_run)
+            out.append((cpu_seconds(server.proc.pid) - before) * 1000 / requests_per_run)
+        return out
+    finally:
+        stop_server(server)
+
+
+def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
     folder = Path(tempfile.mkdtemp(prefix="load-"))
     public = make_public(folder / "public")
     llm = ScriptedLLM()
     llm_srv = KeepAliveServer(llm.app()).start()
+    latency = 0.0 if cpu else LATENCY
 
     def plan(body: dict) -> str:
         found = re.findall(r"Request (\d+):", json.dumps(body["messages"][-1]))
         return plan_for(int(found[-1]) if found else 0)
 
-    llm.on("parse_task", plan, delay=LATENCY)
-    llm.on("choose_model", CHOICE, delay=LATENCY)
-    llm.on("response_results", "done", delay=LATENCY)
+    llm.on("parse_task", plan, delay=latency)
+    llm.on("choose_model", CHOICE, delay=latency)
+    llm.on("response_results", "done", delay=latency)
     fake = FakeModels(public=public, models=dict(DEFAULT_MODELS))
-    fake.delays.update({m: LATENCY for m in DEFAULT_MODELS})
+    fake.delays.update({m: latency for m in DEFAULT_MODELS})
     models_srv = KeepAliveServer(fake.app()).start()
+    if cpu:
+        try:
+            runs = cpu_only(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword), folder)
+        finally:
+            llm_srv.stop()
+            models_srv.stop()
+        label = "keyword ranking" if keyword else "shipped defaults (semantic ranking)"
+        print(f"{label}; LLM and models answering at once: server CPU per 3-task request over 3 x 100 in a row: "
+              + ", ".join(f"{ms:.1f} ms" for ms in runs))
+        return
     try:
         rank50, rank99, ranker = ranking_cost(keyword)
         res = serve(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword), folder, rounds)
@@ -243,5 +272,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4, help="requests per client at 10 and 50 (default %(default)s)")
     parser.add_argument("--keyword", action="store_true", help="semantic_ranking: false, for comparison")
+    parser.add_argument("--cpu", action="store_true", help="only the server's CPU per request, with the LLM and "
+                        "the models answering at once (3 x 100 requests in a row)")
     args = parser.parse_args()
-    main(args.rounds, args.keyword)
+    main(args.rounds, args.keyword, args.cpu)
