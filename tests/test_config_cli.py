@@ -247,7 +247,7 @@ def test_a_port_in_use_is_one_line(tmp_path, llm, models_server, public_dir):
 
 @pytest.mark.parametrize("script", ["bench/dependency_hops.py", "bench/models_server_overhead.py", "bench/load.py",
                                     "bench/ray_replicas.py", "bench/taskbench.py", "bench/choose_model.py",
-                                    "bench/plan_streaming.py",
+                                    "bench/plan_streaming.py", "bench/call_costs.py",
                                     "bench/stream_latency.py", "tools/build_catalog.py", "tools/demo.py",
                                     "tools/mutate.py", "tools/start.py", "models_server.py", "awesome_chat.py"])
 def test_every_script_answers_help_without_side_effects(script):
