@@ -45,18 +45,22 @@ class Choice(Future):
             if self._claimed:
                 return False
             self._claimed = True
-        _announce(state, task, selection)
-        self.set_result(selection)
-        self.ranked.set()
+        try:
+            _announce(state, task, selection)
+        finally:  # whatever the announcement does, the task waiting on the choice gets it
+            self.set_result(selection)
+            self.ranked.set()
         return True
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> bool:
+        """The selection failed: the task waiting on the choice gets the error (False: it was settled already)."""
         with self._claim:
             if self._claimed:
-                return
+                return False
             self._claimed = True
         self.set_exception(exc)
         self.ranked.set()
+        return True
 
     def offer(self, pick: Selection) -> None:
         """The ranking's pick, taken by the task if it is ready before the LLM answers."""
@@ -75,18 +79,20 @@ class Choice(Future):
                          state.request.request_id, task.id, final.model_id)
 
 
-def ready_to_start(state: RequestState, task: Task) -> None:
+def ready_to_start(state: RequestState, task: Task, choice: Future | None = None) -> None:
     """`task`'s inputs are ready: it never waits for an LLM choice that `auto` asked for (the ranking's pick
-    is taken if the LLM has not answered yet), only for the ranking itself."""
-    choice = state.selections.get(task.id)
+    is taken if the LLM has not answered yet), only for the ranking itself. choice: the one made for this very
+    task (a round keeps its own: a streamed plan replaced by the full one reuses task ids)."""
+    choice = choice if choice is not None else state.selections.get(task.id)
     if isinstance(choice, Choice):
         choice.take_ranking(state, task, max(0.0, state.deadline - time.monotonic()))
 
 
-def selection_at_start(state: RequestState, task: Task) -> Selection:
-    """The model `task` runs on, now that its inputs are ready (see `ready_to_start`)."""
-    ready_to_start(state, task)
-    return state.selection_of(task)
+def selection_at_start(state: RequestState, task: Task, choice: Future | None = None) -> Selection:
+    """The model `task` runs on, now that its inputs are ready (see `ready_to_start`); waits no longer than
+    the request's deadline."""
+    ready_to_start(state, task, choice)
+    return state.selection_of(task, timeout=max(0.0, state.deadline - time.monotonic()), choice=choice)
 
 
 def inputs_ready(state: RequestState, task: Task) -> bool:
@@ -107,8 +113,8 @@ def start_selection(state: RequestState, selector: Selector, tasks: list[Task], 
         if task.error or task.id in state.selections:  # already chosen while the plan streamed
             continue
         choice = Choice()
-        state.selections[task.id] = choice
         threads.submit(_choose, state, selector, task, logit_bias, failed, observe_seconds, choice)
+        state.selections[task.id] = choice  # only once it is being made: nobody waits for a choice never started
 
 
 def _choose(state: RequestState, selector: Selector, task: Task, logit_bias: float, failed: frozenset[str],
@@ -127,14 +133,15 @@ def _choose(state: RequestState, selector: Selector, task: Task, logit_bias: flo
                     choice.offer(sel)
                 sel = selector.ask_llm(sel, state.request.user_input, task, state.llm, logit_bias)
         sel.seconds = time.perf_counter() - started
-        if choice.settle(state, task, sel):
-            if observe_seconds is not None:
-                observe_seconds(sel.seconds)
-        else:
+        if observe_seconds is not None:
+            observe_seconds(sel.seconds)
+        if not choice.settle(state, task, sel):
             log.info("[%s] task %s: the LLM chose %s after the task had started on the top-ranked model",
                      state.request.request_id, task.id, sel.model_id)
     except Exception as exc:  # noqa: BLE001 - the task waiting on the choice gets the error
-        choice.fail(exc)
+        if not choice.fail(exc):  # the task runs already: say what went wrong after it started
+            log.exception("[%s] task %s: choosing its model failed after it started on the top-ranked model",
+                          state.request.request_id, task.id)
 
 
 def _announce(state: RequestState, task: Task, sel: Selection) -> None:

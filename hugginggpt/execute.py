@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 from .backends import Backend, TaskInputs
@@ -56,13 +56,14 @@ class Executor:
         """A round that takes tasks one by one (the streaming planner adds them as they arrive)."""
         return Round(self, state)
 
-    def run_task(self, state: RequestState, planned: Task) -> dict[str, Any]:
+    def run_task(self, state: RequestState, planned: Task, choice: Future | None = None) -> dict[str, Any]:
+        """Run `planned` on its chosen model (choice: the round's own choice for it; default the request's)."""
         task = planned.copy()
         try:
             self.resolve_refs(state, task)
         except TaskFailed as exc:
             return collect_result(task, "", {"error": {"message": str(exc)}})
-        sel = selection_at_start(state, planned)
+        sel = selection_at_start(state, planned, choice)
         if sel.error or not sel.model_id:
             return collect_result(task, sel.choose(), {"error": {"message": sel.error or "no model selected"}})
         if sel.hosted_on == "llm":
@@ -181,6 +182,7 @@ class Round:
         self.executor = executor
         self.state = state
         self.by_id: dict[int, Task] = {}
+        self.choices: dict[int, Future | None] = {}  # each task's model choice, as it was when the task was added
         with state.lock:  # a new round (after a replan): its tasks may write again
             state.round += 1
             state.sealed = False
@@ -194,11 +196,12 @@ class Round:
 
     def add(self, task: Task) -> None:
         self.by_id[task.id] = task
+        self.choices[task.id] = self.state.selections.get(task.id)  # this task's own, whatever replaces it
         self.scheduler.add(task.id, [d for d in task.dep if d != -1], failed=task.error)
 
     def _body(self, tid: int) -> dict[str, Any]:
         state = self.state
-        result = self.executor.run_task(state, self.by_id[tid])
+        result = self.executor.run_task(state, self.by_id[tid], self.choices.get(tid))
         with state.lock:
             if not state.sealed and state.round == self.number:
                 state.results[tid] = result
@@ -217,9 +220,9 @@ class Round:
         if name == "task_started" and task is not None:
             # "started" after "model chosen": the task waits for its choice anyway (run_task), so say it then;
             # a choice the LLM is still thinking about goes to the ranking's pick (the task is ready)
-            choice = state.selections.get(task.id)
+            choice = self.choices.get(task.id)
             if choice is not None:
-                ready_to_start(state, task)
+                ready_to_start(state, task, choice)
                 wait([choice], timeout=max(0.0, state.deadline - time.monotonic()))
         if name in ("task_finished", "task_failed") and not payload.get("skipped"):
             with state.lock:

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,12 +205,15 @@ class RequestState:
         if self.scheduler is not None:
             self.scheduler.cancel()
 
-    def selection_of(self, task: Task, timeout: float | None = None) -> Selection:
-        """The model chosen for `task`, waiting for it if selection is still running."""
-        fut = self.selections[task.id]
+    def selection_of(self, task: Task, timeout: float | None = None, choice: Future | None = None) -> Selection:
+        """The model chosen for `task` (or by `choice`), waiting for it if selection is still running."""
+        fut = choice if choice is not None else self.selections[task.id]
         try:
             return fut.result(timeout=timeout)
         except LLMError:
             raise
+        except FutureTimeout:
+            return Selection(task.id, task.task, None, None, "",
+                             error="no model was chosen before the request's deadline (request_timeout)")
         except Exception as exc:  # noqa: BLE001
             return Selection(task.id, task.task, None, None, "", error=f"model selection failed: {exc}")

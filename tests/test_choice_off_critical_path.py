@@ -168,3 +168,57 @@ def test_a_task_ready_before_the_ranking_waits_for_the_ranking_and_not_for_the_l
         assert [p["model"] for name, p in events if name == "model_selected"] == [TOP]
     finally:
         choice.settle(state, task, pick)  # never leave the waiter blocked
+
+
+def test_a_round_runs_each_task_on_the_choice_made_for_it_not_on_a_later_one(tmp_path, public_dir):
+    """Plain data: a streamed plan replaced by the full one is chosen again under the same task ids. A task of
+    the replaced round that still starts runs on its own choice and leaves the new one alone (taking the new
+    choice's ranked pick would cut off the LLM's answer for the task that replaces it)."""
+    import threading
+
+    from hugginggpt.choose import Choice
+    from hugginggpt.config import load_config
+    from hugginggpt.execute import Executor
+    from hugginggpt.plan import Task
+    from hugginggpt.request import ChatRequest, RequestState
+    from hugginggpt.select import Question, Selection
+    from hugginggpt.urlpolicy import UrlPolicy
+
+    release, ran = threading.Event(), []
+
+    class Backend:
+        name = "local"
+
+        def is_available(self, model_id: str) -> bool:
+            return True
+
+        def infer(self, model_id, inputs):
+            if model_id == "first/model":
+                release.wait(10)
+            ran.append(model_id)
+            return {"generated text": model_id}
+
+    config = load_config(write_config(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9", public_dir))
+    executor = Executor(config, {"local": Backend()}, UrlPolicy())
+    state = RequestState(ChatRequest(messages=[{"role": "user", "content": REQUEST}]), None,  # type: ignore[arg-type]
+                         None, timeout=30)
+    first = Task(id=1, task="image-to-text", dep=[-1], args={"image": "/examples/red.png"})
+    second = Task(id=0, task="text-to-image", dep=[1], args={"text": "a fox"})
+
+    def pick(task: Task, model: str) -> Selection:
+        return Selection(task.id, task.task, model, "local", "ranked", available={"local": [model]},
+                         question=Question([(model, "local")], [], 0.001))
+
+    for task, model in ((first, "first/model"), (second, TOP)):
+        choice = state.selections[task.id] = Choice()
+        choice.offer(pick(task, model))
+    round_ = executor.begin(state)
+    round_.add(first)
+    round_.add(second)  # the round keeps the choice made for this task
+    newer = state.selections[0] = Choice()  # the full plan's task 0, chosen again; its LLM is still thinking
+    newer.offer(pick(second, LLM_PICK))
+    release.set()
+    round_.finish()
+    assert ran == ["first/model", TOP]
+    assert not newer.done()  # the newer choice is still the LLM's to make
+    newer.settle(state, second, pick(second, LLM_PICK))

@@ -221,3 +221,83 @@ def test_a_models_server_that_is_down_reads_as_unreachable_and_one_too_slow_as_t
             LocalModelsServer(srv.url, public, task_timeout=1).infer("x/y", TaskInputs("token-classification", text="a"))
     finally:
         srv.stop()
+
+
+def test_a_failed_copy_leaves_the_next_call_on_its_connection_unharmed(tmp_path):
+    """A file the models server names but cannot hand over (404, or over the size limit) is an error for that
+    task only: the connection it was asked on is not handed to the next call with the unread answer in it.
+    (A plain HTTP/1.1 keep-alive server, as Python's own: the answer to the next call would read as broken.)"""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+    from hugginggpt.errors import BackendError
+
+    class Forgetful(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def send(self, code: int, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path.endswith("/ner/ok"):
+                return self.send(200, json.dumps([{"entity_group": "PER", "word": "Anna", "score": 0.9}]).encode())
+            return self.send(200, json.dumps({"path": "/images/big.png" if self.path.endswith("/draw/big")
+                                                      else "/images/gone.png"}).encode())
+
+        def do_GET(self):
+            if self.path.endswith("/big.png"):
+                return self.send(200, b"\x89PNG" + b"\0" * (2 * 1024 * 1024))
+            return self.send(404, b"no such file, and a body the client must not leave unread " * 20)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Forgetful)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    backend = LocalModelsServer(f"http://127.0.0.1:{srv.server_address[1]}", make_public(tmp_path / "public"),
+                                max_output_bytes=1024 * 1024)
+    try:
+        for failing, why in (("draw/gone", "HTTP 404"), ("draw/big", "larger than the 1 MiB output limit")):
+            for _ in range(3):
+                with pytest.raises(BackendError, match=why):
+                    backend.infer(failing, TaskInputs("text-to-image", text="a fox"))
+                result = backend.infer("ner/ok", TaskInputs("token-classification", text="Anna"))
+                assert "error" not in result, result
+    finally:
+        srv.shutdown()
+
+
+def test_a_models_server_that_redirects_is_not_followed(tmp_path):
+    """The configured address is the trusted one: a redirect is reported, not followed (and a lone surrogate in
+    a task's text travels escaped, as JSON allows, instead of failing the call)."""
+    from flask import Flask, jsonify, redirect, request
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+    from hugginggpt.errors import BackendError
+
+    seen = []
+    app = Flask("moving-models")
+
+    @app.post("/models/<path:mid>")
+    def infer(mid):
+        if mid == "moved/away":
+            return redirect("http://169.254.169.254/latest/meta-data", code=307)
+        seen.append(request.get_json()["text"])
+        return jsonify([])
+
+    srv = ThreadedServer(app).start()
+    backend = LocalModelsServer(srv.url, make_public(tmp_path / "public"))
+    try:
+        with pytest.raises(BackendError, match=r"HTTP 307 \(a redirect to 'http://169.254.169.254/.*local_inference_"):
+            backend.infer("moved/away", TaskInputs("token-classification", text="Anna"))
+        assert "error" not in backend.infer("ner/ok", TaskInputs("token-classification", text="a\ud800b"))
+        assert seen == ["a\ud800b"]
+    finally:
+        srv.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import certifi
 import urllib3
 
 from ..errors import BackendError, ResourceError
@@ -47,7 +48,8 @@ class LocalModelsServer:
         # (settings merged per call, hooks, cookies) cost more CPU than the call. A configured, trusted
         # endpoint: no proxy from the environment, no redirects followed, no retries (a task is not repeated).
         # Connections obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
-        self._http = urllib3.PoolManager(num_pools=2, maxsize=max(10, connections), retries=False)
+        self._http = urllib3.PoolManager(num_pools=2, maxsize=max(10, connections), retries=False,
+                                         ca_certs=certifi.where())  # the CA bundle requests used
         self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -84,7 +86,7 @@ class LocalModelsServer:
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
         url = f"{self.base_url}/models/{quote(model_id, safe='/')}"
         timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
-        body = json.dumps(self.body(model_id, inputs), ensure_ascii=False).encode()
+        body = json.dumps(self.body(model_id, inputs)).encode()  # ASCII: a lone surrogate travels as \ud800
         # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
         with deadline_scope(time.monotonic() + self.task_timeout) as watch:
             try:
@@ -99,6 +101,10 @@ class LocalModelsServer:
                 if watch is not None and watch.fired:
                     raise BackendError(timed_out) from None
                 raise BackendError(f"the local models server is unreachable ({_cause(exc)})") from None
+        if 300 <= resp.status < 400:  # not followed: the configured address is the one that is trusted
+            raise BackendError(f"the local models server answered HTTP {resp.status} (a redirect to "
+                               f"{str(resp.headers.get('Location', '?'))[:200]!r}): set local_inference_endpoint "
+                               "to the address that answers")
         try:
             raw = json.loads(resp.data)
         except ValueError:
@@ -132,6 +138,7 @@ class LocalModelsServer:
             with deadline_scope(time.monotonic() + self.copy_timeout):
                 resp = self._http.request("GET", url, headers=self._headers, preload_content=False,
                                           timeout=urllib3.Timeout(connect=self.status_timeout, read=self.copy_timeout))
+                complete = False
                 try:
                     if resp.status != 200:
                         raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status}")
@@ -142,7 +149,10 @@ class LocalModelsServer:
                             raise BackendError(f"{named} on the models server is larger than the "
                                                f"{self.max_output_bytes // (1024 * 1024)} MiB output limit")
                         chunks.append(chunk)
+                    complete = True
                 finally:
+                    if not complete:  # a body not read to its end must not go back to the pool: the next
+                        resp.close()  # call on that connection would read its rest as an answer
                     resp.release_conn()
         except urllib3.exceptions.HTTPError as exc:
             raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
@@ -151,7 +161,13 @@ class LocalModelsServer:
 
 
 def _cause(exc: urllib3.exceptions.HTTPError) -> str:
-    """What went wrong, by the exception's class (requests' names, which the messages always used)."""
+    """What went wrong, in requests' names, which the messages always used."""
     if isinstance(exc, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ProtocolError):
         return "ConnectionError"
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        return "ConnectTimeout"
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "ReadTimeout"
+    if isinstance(exc, urllib3.exceptions.LocationParseError):
+        return "InvalidURL"
     return exc.__class__.__name__
