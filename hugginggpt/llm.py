@@ -13,7 +13,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -343,7 +343,7 @@ class LLMClient:
             first = choices[0] if isinstance(choices[0], dict) else {}
             return clean_text(str(text_of(first) or ""))
         stream = self._client.post(path, body={**body, "stream": True}, cast_to=object, options=options,
-                                   stream=True, stream_cls=openai.Stream[object])
+                                   stream=True, stream_cls=_ChunkStream)
         chunks = []
         try:
             for chunk in stream:
@@ -433,6 +433,47 @@ SCHEMA_FORMATS = (
     lambda schema: {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema, "strict": True}},
     lambda schema: {"type": "json_object", "schema": schema},
 )
+
+
+DRAIN_SECONDS = 1.0  # how long the end of a streamed body after [DONE] is waited for (normally: no time at all)
+
+
+class _ChunkStream(openai.Stream[object]):
+    """The SDK's stream of JSON chunks (its SSE decoding), with the body read to its end after `[DONE]`: an
+    HTTP/1.1 connection goes back to the pool only then. The SDK's async stream does this; its sync stream
+    closes the response at `[DONE]`, so every streamed call (each plan) paid a new connection, a TLS handshake
+    with a hosted LLM. What follows `[DONE]` is waited for at most DRAIN_SECONDS."""
+
+    def __stream__(self) -> Iterator[object]:
+        events = self._iter_events()
+        try:
+            for sse in events:
+                if sse.data.startswith("[DONE]"):
+                    if self.response.http_version == "HTTP/1.1":
+                        _drain(events)
+                    break
+                data = sse.json()
+                if isinstance(data, dict) and data.get("error"):
+                    error = data["error"]
+                    message = error.get("message") if isinstance(error, dict) else None
+                    raise openai.APIError(message=message if isinstance(message, str) and message
+                                          else "An error occurred during streaming",
+                                          request=self.response.request, body=error)
+                yield data
+        finally:
+            self.response.close()
+
+
+def _drain(events: Iterator[Any]) -> None:
+    """Read what is left of a streamed body (its last chunk), a few events and DRAIN_SECONDS at most: a peer
+    that keeps writing after `[DONE]` loses its connection, not the request's time."""
+    try:
+        with deadline_scope(time.monotonic() + DRAIN_SECONDS):
+            for n, _ in enumerate(events):
+                if n >= 8:
+                    return
+    except (openai.APIError, httpx2.HTTPError):
+        pass
 
 
 class _SchemaRejected(Exception):
