@@ -65,7 +65,7 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="call-costs-"))
     public = make_public(folder / "public")
-    llm = ScriptedLLM()
+    llm = ScriptedLLM(keep_streams_alive=True)  # as OpenAI and vLLM keep a stream's connection
     llm.on("parse_task", PLAN)
     llm.on("response_results", "done")
     llm_srv = KeepAliveServer(llm.app()).start()

@@ -219,7 +219,7 @@ def cpu_only(config: Path, folder: Path, runs: int = 3, requests_per_run: int = 
 def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
     folder = Path(tempfile.mkdtemp(prefix="load-"))
     public = make_public(folder / "public")
-    llm = ScriptedLLM()
+    llm = ScriptedLLM(keep_streams_alive=True)  # as OpenAI and vLLM keep a stream's connection
     llm_srv = KeepAliveServer(llm.app()).start()
     latency = 0.0 if cpu else LATENCY
 

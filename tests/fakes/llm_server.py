@@ -69,6 +69,9 @@ class ScriptedLLM:
     stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
     dribble: float = 0.0  # > 0: answer 200, then one SSE comment (or one space) every `dribble` s, never done
     rejects_schema: bool | set[str] = False  # answer 400 to response_format (True: any; a set: those types)
+    # a stream written whole, with its length, when no pause is asked for: waitress closes every chunked
+    # response's connection, where OpenAI, vLLM and llama.cpp keep it (benchmarks set this, tests need not)
+    keep_streams_alive: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
 
@@ -187,6 +190,8 @@ class ScriptedLLM:
                         yield f"data: {json.dumps(chunk)}\n\n"
                     record["stream_end"] = time.perf_counter()
                     yield "data: [DONE]\n\n"
+                if self.keep_streams_alive and not pause:
+                    return Response("".join(gen()), mimetype="text/event-stream")
                 return Response(gen(), mimetype="text/event-stream")
             return jsonify({
                 "id": "c1", "object": "chat.completion", "created": 0, "model": body["model"],
