@@ -39,25 +39,26 @@ class Choice(Future):
         self.ranked = threading.Event()  # the ranking has answered: `provisional` is set, or the choice is final
         self.provisional: Selection | None = None  # the ranking's pick while the LLM is asked (auto only)
 
-    def settle(self, state: RequestState, task: Task, selection: Selection) -> bool:
-        """Make `selection` the choice, unless it was made already; True when it was this call that made it."""
+    def _first(self) -> bool:
+        """True for the one caller that settles the choice; False for everyone after it."""
         with self._claim:
-            if self._claimed:
-                return False
-            self._claimed = True
-        try:
-            _announce(state, task, selection)
-        finally:  # whatever the announcement does, the task waiting on the choice gets it
-            self.set_result(selection)
-            self.ranked.set()
+            claimed, self._claimed = self._claimed, True
+        return not claimed
+
+    def settle(self, state: RequestState, task: Task, selection: Selection) -> bool:
+        """Make `selection` the choice, unless it was made already; True when it was this call that made it.
+        (Announcing cannot fail: `state.emit` keeps a listener's errors to itself.)"""
+        if not self._first():
+            return False
+        _announce(state, task, selection)
+        self.set_result(selection)
+        self.ranked.set()
         return True
 
     def fail(self, exc: BaseException) -> bool:
         """The selection failed: the task waiting on the choice gets the error (False: it was settled already)."""
-        with self._claim:
-            if self._claimed:
-                return False
-            self._claimed = True
+        if not self._first():
+            return False
         self.set_exception(exc)
         self.ranked.set()
         return True

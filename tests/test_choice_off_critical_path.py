@@ -222,3 +222,30 @@ def test_a_round_runs_each_task_on_the_choice_made_for_it_not_on_a_later_one(tmp
     assert ran == ["first/model", TOP]
     assert not newer.done()  # the newer choice is still the LLM's to make
     newer.settle(state, second, pick(second, LLM_PICK))
+
+
+def test_a_choice_never_made_ends_at_the_requests_deadline():
+    """Plain data: a task whose model choice never comes (a selection that hangs) gets an error saying so when
+    the request's deadline passes, instead of holding its thread for ever."""
+    from hugginggpt.choose import Choice, selection_at_start
+    from hugginggpt.plan import Task
+    from hugginggpt.request import ChatRequest, RequestState
+    from hugginggpt.select import Selection
+
+    state = RequestState(ChatRequest(messages=[{"role": "user", "content": REQUEST}]), None,  # type: ignore[arg-type]
+                         None, timeout=0.5)
+    task = Task(task="text-to-image", id=0, dep=[-1], args={"text": REQUEST})
+    choice = state.selections[0] = Choice()
+    choice.ranked.set()  # ranked, but neither settled nor offered: the answer hangs
+    import threading
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(selection_at_start(state, task)), daemon=True)
+    waiter.start()
+    waiter.join(3.0)
+    try:
+        assert got, "the task still waits for a choice after the request's deadline"
+        assert got[0].model_id is None
+        assert got[0].error == "no model was chosen before the request's deadline (request_timeout)"
+    finally:
+        choice.settle(state, task, Selection(0, task.task, None, None, "", error="test over"))  # free the waiter

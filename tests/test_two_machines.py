@@ -301,3 +301,43 @@ def test_a_models_server_that_redirects_is_not_followed(tmp_path):
         assert seen == ["a\ud800b"]
     finally:
         srv.stop()
+
+
+def test_a_copy_cut_at_its_deadline_says_it_was_slow_and_errors_keep_requests_names(tmp_path):
+    """A generated file that takes longer than the copy deadline reads as slow (the deadline shuts the socket,
+    which would otherwise read as a broken connection); the other failures keep the names the messages always
+    used (requests': ConnectionError, ConnectTimeout, ReadTimeout, InvalidURL)."""
+    import urllib3
+    from flask import Flask, Response, jsonify
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer, _cause
+    from hugginggpt.errors import BackendError
+
+    app = Flask("slow-copies")
+
+    @app.post("/models/<path:mid>")
+    def infer(mid):
+        return jsonify({"path": "/images/slow.png"})
+
+    @app.get("/images/<name>")
+    def image(name):
+        time.sleep(3)
+        return Response(b"\x89PNG", mimetype="image/png")
+
+    srv = ThreadedServer(app).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendError, match=r"copying /images/slow.png from the models server took longer than 1s"):
+            LocalModelsServer(srv.url, make_public(tmp_path / "public"), copy_timeout=1).infer(
+                "draw/slowly", TaskInputs("text-to-image", text="a fox"))
+        assert time.monotonic() - started < 2.5
+    finally:
+        srv.stop()
+    errors = urllib3.exceptions
+    assert _cause(errors.NewConnectionError(None, "refused")) == "ConnectionError"
+    assert _cause(errors.ProtocolError("reset")) == "ConnectionError"
+    assert _cause(errors.ConnectTimeoutError()) == "ConnectTimeout"
+    assert _cause(errors.ReadTimeoutError(None, "/x", "slow")) == "ReadTimeout"
+    assert _cause(errors.LocationParseError("http://[::1")) == "InvalidURL"
+    assert _cause(errors.SSLError("bad certificate")) == "SSLError"

@@ -135,7 +135,7 @@ class LocalModelsServer:
             return f"/{folder}/{name}"
         url = f"{self.base_url}/{folder}/{quote(name)}"
         try:
-            with deadline_scope(time.monotonic() + self.copy_timeout):
+            with deadline_scope(time.monotonic() + self.copy_timeout) as watch:
                 resp = self._http.request("GET", url, headers=self._headers, preload_content=False,
                                           timeout=urllib3.Timeout(connect=self.status_timeout, read=self.copy_timeout))
                 complete = False
@@ -155,6 +155,9 @@ class LocalModelsServer:
                         resp.close()  # call on that connection would read its rest as an answer
                     resp.release_conn()
         except urllib3.exceptions.HTTPError as exc:
+            if watch is not None and watch.fired:  # the deadline shut the socket: it was slow, not broken
+                raise BackendError(f"copying {named} from the models server took longer than "
+                                   f"{self.copy_timeout:.0f}s") from None
             raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
         ext = name.rsplit(".", 1)[-1] if "." in name else "bin"
         return save_bytes(self.public_dir, _KIND_OF_DIR[folder], b"".join(chunks), ext)
