@@ -228,11 +228,12 @@ def test_a_failed_copy_leaves_the_next_call_on_its_connection_unharmed(tmp_path)
     task only: the connection it was asked on is not handed to the next call with the unread answer in it.
     (A plain HTTP/1.1 keep-alive server, as Python's own: the answer to the next call would read as broken.)"""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from hugginggpt.backends import TaskInputs
     from hugginggpt.backends.local import LocalModelsServer
     from hugginggpt.errors import BackendError
+    from tests.test_llm_connections import QuietServer
 
     class Forgetful(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -258,7 +259,7 @@ def test_a_failed_copy_leaves_the_next_call_on_its_connection_unharmed(tmp_path)
                 return self.send(200, b"\x89PNG" + b"\0" * (2 * 1024 * 1024))
             return self.send(404, b"no such file, and a body the client must not leave unread " * 20)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Forgetful)
+    srv = QuietServer(("127.0.0.1", 0), Forgetful)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     backend = LocalModelsServer(f"http://127.0.0.1:{srv.server_address[1]}", make_public(tmp_path / "public"),
                                 max_output_bytes=1024 * 1024)
