@@ -418,6 +418,7 @@ def test_a_cancelled_run_ends_at_once_and_stops_its_work():
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover
     sync_playwright = None
@@ -443,6 +444,14 @@ def test_in_a_browser_an_example_runs_and_its_images_appear(app, llm, models):
             page.locator("#input textarea").press("Enter")
             page.wait_for_function("[...document.querySelectorAll('#chat .message')].some("
                                    "m => m.innerText.includes('tabby cat (0.90)'))", timeout=30000)
+            # the answer's text shows before its images have loaded: give them time (a broken one never loads,
+            # and the assertion below says which)
+            try:
+                page.wait_for_function("(() => { const is = [...document.querySelectorAll('#chat img')];"
+                                       " return is.length >= 3 && is.every(i => i.complete && i.naturalWidth > 0);"
+                                       " })()", timeout=15000)
+            except PlaywrightTimeout:
+                pass
             images = page.locator("#chat img").evaluate_all(
                 "is => is.map(i => [i.closest('.message-row')?.className || '', i.naturalWidth])")
             by_row = {who: sorted(w for row, w in images if f"{who}-row" in row) for who in ("user", "bot")}
