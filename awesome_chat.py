@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from hugginggpt.chat import ChatRequest, HuggingGPT
+from hugginggpt.checks import print_start_checks as start_checks
 from hugginggpt.config import load_config
 from hugginggpt.errors import ConfigError, HuggingGPTError
 
@@ -87,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    if args.mode == "server" and config.http_workers > 1:
+        from hugginggpt.workers import Supervisor
+
+        return Supervisor(args.config, config, host, port, strict=args.strict).run()
     if args.mode == "server":
         from hugginggpt.server import create_app, serve
 
@@ -100,17 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "text":
         return run_text(engine, args.input)
     return run_cli(engine)
-
-
-def start_checks(engine: HuggingGPT) -> None:
-    """One line each for the LLM and the models server at start: what answers, what does not (not fatal)."""
-    where = {"llm": f"the LLM ({engine.config.llm.summary()})",
-             "models_server": f"the models server at {engine.config.models_server_url}"}
-    for name, problem in engine.checks(fresh=True).items():
-        if problem is None:
-            print(f"check: {where[name]} answers", file=sys.stderr, flush=True)
-        elif problem != "unused":
-            print(f"warning: {problem}; requests that need it fail until it is up", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Many users at once, at the shipped defaults: CPU per request, latency under load, memory and threads.
 
 The orchestrator runs with configs/config.default.yaml as shipped (semantic ranking on, `choose_model: auto`
-and its margin, 64 concurrent requests, plan streaming), changed only where this machine needs it: a scripted
+and its margin, 64 concurrent requests, 2 worker processes, plan streaming), changed only where this machine needs it: a scripted
 LLM (0.2 s per call) instead of OpenAI, a fake local models server (0.2 s per model call) instead of real
 models, `inference_mode: local` and `device: cpu`. The two fakes run on waitress with HTTP keep-alive, as OpenAI,
 vLLM and our models server do (werkzeug's development server would close every connection and make each call
@@ -18,8 +18,10 @@ Reported in one run:
 
     python bench/load.py [--keyword] [--rounds 4]
     python bench/load.py --cpu [--keyword]   # only the server's CPU per request, no delays, 3 x 100 requests
+    python bench/load.py --workers 1         # one server process instead of the shipped http_workers
 
-`--keyword` runs the same with `semantic_ranking: false`, for comparison. On a shared machine the absolute
+`--keyword` runs the same with `semantic_ranking: false`, and `--workers N` with `http_workers: N`, for
+comparison. CPU, RSS and threads are the server's and its worker processes' together. On a shared machine the absolute
 figures move with the other load; compare the ratios, and runs made side by side.
 """
 
@@ -74,16 +76,38 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def proc_status(pid: int) -> tuple[float, int]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["Threads"])
+def proc_status(pid: int) -> tuple[float, int, int]:
+    """RSS (MB) and threads of the server and its workers, and how many processes that is."""
+    rss, threads, tree = 0, 0, process_tree(pid)
+    for p in tree:
+        text = Path(f"/proc/{p}/status").read_text()
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        rss, threads = rss + int(fields["VmRSS"].split()[0]), threads + int(fields["Threads"])
+    return rss / 1024, threads, len(tree)
+
+
+def process_tree(pid: int) -> list[int]:
+    """The server and its worker processes (`http_workers` > 1), from /proc's children lists."""
+    found, queue = [], [pid]
+    while queue:
+        p = queue.pop()
+        found.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            queue.extend(int(c) for c in task.read_text().split())
+    return found
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process (all its threads), from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of the server and its workers (all their threads), from /proc/<pid>/stat."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except FileNotFoundError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class Load:
@@ -123,7 +147,8 @@ class Load:
         return times
 
 
-def shipped_config(folder: Path, llm_url: str, models_url: str, public: Path, keyword: bool) -> Path:
+def shipped_config(folder: Path, llm_url: str, models_url: str, public: Path, keyword: bool,
+                   workers: int | None = None) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "config.default.yaml").read_text())
     data.pop("openai", None)
     data.update({
@@ -135,6 +160,8 @@ def shipped_config(folder: Path, llm_url: str, models_url: str, public: Path, ke
     })
     if keyword:
         data["semantic_ranking"] = False
+    if workers is not None:
+        data["http_workers"] = workers
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -192,7 +219,7 @@ def serve(config: Path, folder: Path, rounds: int) -> dict:
                      "harness_ms": (time.process_time() - harness) * 1000 / SEQUENTIAL}
         for clients in LEVELS[1:]:
             out[clients] = load.run(clients, rounds)
-        out["rss_mb"], out["threads"] = proc_status(server.proc.pid)
+        out["rss_mb"], out["threads"], out["processes"] = proc_status(server.proc.pid)
         out["requests"] = load.counter
         return out
     finally:
@@ -216,7 +243,7 @@ def cpu_only(config: Path, folder: Path, runs: int = 3, requests_per_run: int = 
         stop_server(server)
 
 
-def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
+def main(rounds: int, keyword: bool, cpu: bool = False, workers: int | None = None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="load-"))
     public = make_public(folder / "public")
     llm = ScriptedLLM(keep_streams_alive=True)  # as OpenAI and vLLM keep a stream's connection
@@ -235,7 +262,7 @@ def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
     models_srv = KeepAliveServer(fake.app()).start()
     if cpu:
         try:
-            runs = cpu_only(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword), folder)
+            runs = cpu_only(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword, workers), folder)
         finally:
             llm_srv.stop()
             models_srv.stop()
@@ -245,13 +272,15 @@ def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
         return
     try:
         rank50, rank99, ranker = ranking_cost(keyword)
-        res = serve(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword), folder, rounds)
+        res = serve(shipped_config(folder, llm_srv.url, models_srv.url, public, keyword, workers), folder, rounds)
     finally:
         llm_srv.stop()
         models_srv.stop()
     choose_calls = len(llm.stage_requests("choose_model"))
     base = statistics.median(res[1])
     label = "keyword ranking (--keyword)" if keyword else "shipped defaults (semantic ranking)"
+    if workers is not None:
+        label += f", http_workers: {workers} (--workers)"
     print(f"{label}; LLM {LATENCY}s per call, model {LATENCY}s per call, 3-task plans")
     print(f"ranking CPU per task ({ranker} over the catalog store, in process, cache misses): p50 {rank50 * 1000:.2f} ms, "
           f"p99 {rank99 * 1000:.2f} ms")
@@ -265,7 +294,7 @@ def main(rounds: int, keyword: bool, cpu: bool = False) -> None:
         p50, p99 = statistics.median(times), percentile(times, 0.99)
         print(f"| {clients} | {len(times)} | {p50:.2f}s ({p50 / base:.2f}x) | {p99:.2f}s ({p99 / base:.2f}x) |")
     print(f"after {res['requests']} requests the server holds {res['rss_mb']:.0f} MB RSS and {res['threads']} "
-          f"threads; the LLM was asked to choose a model {choose_calls} times")
+          f"threads in {res['processes']} processes; the LLM was asked to choose a model {choose_calls} times")
 
 
 if __name__ == "__main__":
@@ -274,5 +303,6 @@ if __name__ == "__main__":
     parser.add_argument("--keyword", action="store_true", help="semantic_ranking: false, for comparison")
     parser.add_argument("--cpu", action="store_true", help="only the server's CPU per request, with the LLM and "
                         "the models answering at once (3 x 100 requests in a row)")
+    parser.add_argument("--workers", type=int, help="http_workers instead of the shipped config's, for comparison")
     args = parser.parse_args()
-    main(args.rounds, args.keyword, args.cpu)
+    main(args.rounds, args.keyword, args.cpu, args.workers)

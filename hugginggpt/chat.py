@@ -61,6 +61,7 @@ class HuggingGPT:
         self.ranker = ranker or KeywordRanker()
         self.warmed = threading.Event()
         self.catalog_store: CatalogStore | None = None  # opened by `warm`
+        self.refreshes_catalog = True  # of several worker processes, one keeps the shared store synced
         self.clients = ClientCache(config.proxy)
         self._llm_check = CachedCheck(lambda: llm_problem(config.llm, config.proxy), ttl=5.0)
         self.url_policy = url_policy or config.url_policy()
@@ -116,7 +117,7 @@ class HuggingGPT:
         self.executor.health = store.health
         self.selector.use_store(store)
         log.info("catalog store %s: %d models in %d tasks", store.path, store.count(), len(store.tasks()))
-        if self.config.catalog_refresh_hours > 0:
+        if self.config.catalog_refresh_hours > 0 and self.refreshes_catalog:
             from .catalog.hub_api import HubClient
             from .catalog.sync import HUB_TASKS, BackgroundRefresh
 

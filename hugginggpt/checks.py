@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -120,3 +121,14 @@ class CachedCheck:
                 self._value = self.check()
                 self._at = time.monotonic()
             return self._value
+
+
+def print_start_checks(engine) -> None:
+    """One line each for the LLM and the models server at start: what answers, what does not (not fatal)."""
+    where = {"llm": f"the LLM ({engine.config.llm.summary()})",
+             "models_server": f"the models server at {engine.config.models_server_url}"}
+    for name, problem in engine.checks(fresh=True).items():
+        if problem is None:
+            print(f"check: {where[name]} answers", file=sys.stderr, flush=True)
+        elif problem != "unused":
+            print(f"warning: {problem}; requests that need it fail until it is up", file=sys.stderr, flush=True)

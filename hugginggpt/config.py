@@ -22,6 +22,7 @@ INFERENCE_MODES = ("local", "huggingface", "hybrid")
 DEPLOYMENTS = ("minimal", "standard", "full")
 STAGES = ("parse_task", "choose_model", "response_results")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where demos/, data/ and public/ ship
+MAX_HTTP_WORKERS = 32
 
 # Every key the config may hold (JARVIS's and ours); a section maps to its own keys.
 KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -45,7 +46,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "embedding_precision",
         "url_allowlist", "allow_request_endpoints", "api_tokens", "models_server_token", "cors_origins",
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
-        "max_context_tokens", "max_concurrent_requests", "http_threads", "structured_output",
+        "max_context_tokens", "max_concurrent_requests", "http_threads", "http_workers", "structured_output",
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens", "max_tasks",
         "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
@@ -187,6 +188,7 @@ class Config:
     structured_output: str = "auto"  # auto | on | off: JSON-schema-constrained plans where the backend allows
     max_concurrent_requests: int = 64  # past it: 429 + Retry-After (requests mostly wait on I/O)
     http_threads: int | None = None  # waitress threads; default max_concurrent_requests + 16 (health, files)
+    http_workers: int = 1  # server processes on the one port (hugginggpt/workers.py): one GIL each
     # slow clients (both servers): open connections, and total deadlines for a request to arrive (issue 20)
     http_connection_limit: int = 1000
     http_header_timeout: float = 10.0  # first byte (or accept) to the end of the headers
@@ -276,6 +278,14 @@ def _positive(data: dict, key: str, default: int, path: Path) -> int:
     value = _typed(data, key, int, default, path)
     if value < 0 or (value == 0 and key in data):
         raise ConfigError(f"{path}: `{key}` must be a positive whole number, got {value!r}")
+    return value
+
+
+def _workers(data: dict, path: Path) -> int:
+    value = _positive(data, "http_workers", 1, path)
+    if value > MAX_HTTP_WORKERS:
+        raise ConfigError(f"{path}: `http_workers` must be at most {MAX_HTTP_WORKERS} (each loads the ranking model), "
+                          f"got {value}")
     return value
 
 
@@ -503,6 +513,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         denied_models=_strings(data, "denied_models", path),
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),
         http_threads=_positive(data, "http_threads", 0, path) or None,
+        http_workers=_workers(data, path),
         http_connection_limit=_positive(data, "http_connection_limit", 1000, path),
         http_header_timeout=_seconds(data, "http_header_timeout", 10.0, path),
         http_read_timeout=_seconds(data, "http_read_timeout", 120.0, path),

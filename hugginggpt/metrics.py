@@ -1,11 +1,16 @@
 """Prometheus metrics of one orchestrator, served at GET /metrics in the text format.
 
 Each app has its own registry (never prometheus_client's global one): two servers in one process, as in the
-tests, count apart, and nothing is shared between them. Labels are bounded: routes are the app's own rules
+tests, count apart, and nothing is shared between them. The worker processes of one server (`http_workers`)
+write their values to files in the folder named by PROMETHEUS_MULTIPROC_DIR (set by the supervisor before
+they start, prometheus_client's multiprocess mode), and any worker answering /metrics sums them all:
+`shared_dir` says which folder. Labels are bounded: routes are the app's own rules
 (anything else is "other"), models are the catalog's ids, backends are the configured kinds.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -16,6 +21,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 class Metrics:
     def __init__(self) -> None:
+        self.shared_dir: Path | None = None  # set in a worker: /metrics sums every worker's files there
         r = self.registry = CollectorRegistry()
         self.http_requests = Counter("hugginggpt_http_requests", "HTTP requests answered, by route and status",
                                      ["route", "status"], registry=r)
@@ -37,7 +43,8 @@ class Metrics:
                                        ["model", "backend"], buckets=SECONDS, registry=r)
         self.rejected = Counter("hugginggpt_admission_rejections", "Requests refused with 429 because "
                                 "max_concurrent_requests were running", registry=r)
-        self.in_flight = Gauge("hugginggpt_requests_in_flight", "Pipeline requests running now", registry=r)
+        self.in_flight = Gauge("hugginggpt_requests_in_flight", "Pipeline requests running now", registry=r,
+                               multiprocess_mode="livesum")
 
     def llm_call(self, backend: str, ok: bool, seconds: float, usage: dict | None = None) -> None:
         self.llm_calls.labels(backend, "ok" if ok else "error").inc()
@@ -52,4 +59,10 @@ class Metrics:
         self.model_seconds.labels(model, backend).observe(seconds)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=str(self.shared_dir))
+        return generate_latest(every_worker)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flask import Flask, Response, g, jsonify, request, send_from_directory
 from flask_cors import CORS
@@ -58,8 +58,18 @@ def error_response(message: str, status: int, kind: str) -> Response:
     return resp
 
 
-def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
-    """One app per config; tests start several side by side."""
+class Admission(Protocol):
+    """Slots for pipeline requests: `threading.BoundedSemaphore` in one process, `workers.SharedSlots` across the
+    worker processes of one server."""
+
+    def acquire(self, blocking: bool = ...) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admission | None = None) -> Flask:
+    """One app per config; tests start several side by side. `admission`: the slots of max_concurrent_requests
+    (shared by the workers of one server; this app's own when None)."""
     engine = engine or HuggingGPT(config)
     public = config.public_dir.resolve()
     app = Flask(__name__, static_folder=None)
@@ -141,7 +151,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None) -> Flask:
             raise BadRequest(f"the request body must be JSON, {example}; this is not valid JSON") from None
         return body
 
-    slots = threading.BoundedSemaphore(config.max_concurrent_requests)
+    slots = admission if admission is not None else threading.BoundedSemaphore(config.max_concurrent_requests)
 
     def admitted(run: Callable[[], Response]) -> Response:
         """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue."""
@@ -444,12 +454,21 @@ def _raise_file_limit(wanted: int) -> int:
     return max(16, soft - 256)
 
 
+def address_problem(host: str, port: int, exc: OSError, port_option: str = "http_listen.port") -> str:
+    """The one line a user sees when the listening address cannot be taken."""
+    why = {errno.EADDRINUSE: "is already in use", errno.EACCES: "needs more privileges",
+           errno.EADDRNOTAVAIL: "is not an address of this machine"}.get(exc.errno, f"failed ({exc.strerror})")
+    return f"error: {host}:{port} {why}; choose another with --port (or {port_option} in the config)"
+
+
 def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hugginggpt",
-          port_option: str = "http_listen.port", limits: HttpLimits | None = None) -> int:
+          port_option: str = "http_listen.port", limits: HttpLimits | None = None,
+          sockets: list[Any] | None = None) -> int:
     """Production WSGI server; each request runs on its own thread with its own state.
 
     limits: connection limits (in all, per client address) and read deadlines against slow clients
     (HttpLimits() when None).
+    sockets: listening sockets bound already (a worker of `workers.Supervisor`); host and port then only name them.
     Returns an exit status: 2 with one line when the address cannot be taken (port in use, no permission).
     """
     from waitress import create_server
@@ -459,15 +478,13 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
     if connection_limit < limits.connection_limit:
         print(f"warning: http_connection_limit {limits.connection_limit} lowered to {connection_limit}: the "
               "process may not open more files (ulimit -n)", file=sys.stderr, flush=True)
+    where: dict[str, Any] = {"sockets": sockets} if sockets else {"host": host, "port": port}
     try:
-        server = create_server(app, host=host, port=port, threads=threads, channel_request_lookahead=1, ident=ident,
+        server = create_server(app, **where, threads=threads, channel_request_lookahead=1, ident=ident,
                                connection_limit=connection_limit, asyncore_use_poll=True, cleanup_interval=1,
                                channel_timeout=max(1, math.ceil(limits.idle_timeout)))
     except OSError as exc:
-        why = {errno.EADDRINUSE: "is already in use", errno.EACCES: "needs more privileges",
-               errno.EADDRNOTAVAIL: "is not an address of this machine"}.get(exc.errno, f"failed ({exc.strerror})")
-        print(f"error: {host}:{port} {why}; choose another with --port (or {port_option} in the config)",
-              file=sys.stderr)
+        print(address_problem(host, port, exc, port_option), file=sys.stderr)
         return 2
     guard_slow_clients(server, limits)
     limit_connections_per_client(server, replace(limits, connection_limit=connection_limit))

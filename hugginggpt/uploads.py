@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BadRequest, StorageFull
@@ -17,6 +20,24 @@ class UploadStore:
         self.quota_bytes = quota_bytes
         self.max_pixels = max_pixels
         self._lock = threading.Lock()  # two uploads at once must not both fit the last free space
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One upload at a time checks the quota and writes: in this process (the lock) and across the worker
+        processes of the server (an flock on the uploads folder)."""
+        with self._lock:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.folder, os.O_RDONLY)
+            try:
+                try:
+                    import fcntl
+                except ImportError:  # pragma: no cover - not on Windows (one process there)
+                    fcntl = None
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing the descriptor drops its lock
 
     def used_bytes(self) -> int:
         if not self.folder.is_dir():
@@ -36,7 +57,7 @@ class UploadStore:
             decode_image(data, self.max_pixels, what="the uploaded image")
         else:
             _check_audio(data)
-        with self._lock:
+        with self._exclusive():
             if self.used_bytes() + len(data) > self.quota_bytes:
                 raise StorageFull(f"the upload quota ({self.quota_bytes // (1024 * 1024)} MiB for public/uploads) "
                                   "is used up; remove old uploads or raise upload_quota_mb")

@@ -1207,6 +1207,44 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return replace(self, dep=list(self.dep), args=dict(self.args))",
              "        return replace(self)",
              ("tests/test_plan.py::test_a_task_copy_is_independent_of_the_planned_task",)),
+    # -- issue 16, round 4: worker processes (hugginggpt/workers.py) ---------------------------------------------
+    Mutation("worker-slots-per-process", "hugginggpt/workers.py",
+             "            if sum(counts) >= self.limit:",
+             "            if counts[self.index] >= self.limit:",
+             ("tests/test_workers.py::test_shared_slots_count_across_processes_and_a_dead_workers_count_is_dropped",
+              "tests/test_workers.py::test_max_concurrent_requests_counts_the_requests_of_every_worker")),
+    Mutation("worker-admission-not-shared", "hugginggpt/workers.py",
+             "    app = create_app(config, engine, admission=SharedSlots(spec.held, spec.index, config.max_concurrent_requests))",
+             "    app = create_app(config, engine)",
+             ("tests/test_workers.py::test_max_concurrent_requests_counts_the_requests_of_every_worker",)),
+    Mutation("worker-release-takes-anothers-slot", "hugginggpt/workers.py",
+             "            counts[self.index] = max(0, counts[self.index] - 1)",
+             "            counts[1 - self.index] = max(0, counts[1 - self.index] - 1)",
+             ("tests/test_workers.py::test_shared_slots_count_across_processes_and_a_dead_workers_count_is_dropped",)),
+    Mutation("dead-worker-keeps-its-slots", "hugginggpt/workers.py",
+             "                    held.get_obj()[index] = 0  # its requests died with it",
+             "                    pass",
+             ("tests/test_workers.py::test_a_killed_worker_is_started_again_and_its_slots_given_back",)),
+    Mutation("dead-worker-not-restarted", "hugginggpt/workers.py",
+             "                    procs[index] = start(index)",
+             "                    pass",
+             ("tests/test_workers.py::test_a_killed_worker_is_started_again_and_its_slots_given_back",)),
+    Mutation("worker-outlives-a-killed-supervisor", "hugginggpt/workers.py",
+             "    _exit_with_parent()\n    signal.signal",
+             "    signal.signal",
+             ("tests/test_workers.py::test_stopping_the_supervisor_stops_its_workers_even_when_it_is_killed",)),
+    Mutation("metrics-of-one-worker", "hugginggpt/metrics.py",
+             "        if self.shared_dir is None:",
+             "        if True:",
+             ("tests/test_workers.py::test_two_workers_answer_on_one_port_and_metrics_count_them_all",)),
+    Mutation("workers-setting-ignored", "awesome_chat.py",
+             '    if args.mode == "server" and config.http_workers > 1:',
+             '    if False:',
+             ("tests/test_workers.py::test_two_workers_answer_on_one_port_and_metrics_count_them_all",)),
+    Mutation("upload-lock-only-in-process", "hugginggpt/uploads.py",
+             "                    fcntl.flock(fd, fcntl.LOCK_EX)",
+             "                    pass",
+             ("tests/test_workers.py::test_the_upload_quota_is_checked_under_a_lock_every_worker_takes",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
@@ -1225,6 +1263,7 @@ QUICK: tuple[str, ...] = (
     "slot-leaks-on-a-bad-request",  # server.py
     "llm-retries-unbounded",  # llm.py
     "upload-quota-unchecked",  # uploads.py
+    "worker-slots-per-process",  # workers.py
     "lru-evicts-newest",  # modelhost/pool.py
     "models-server-token-ignored",  # modelhost/app.py
     "health-penalty-ignored",  # catalog/store.py

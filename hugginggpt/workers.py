@@ -1,0 +1,251 @@
+"""Several orchestrator processes on one port (`http_workers`): one GIL is what limits a single process.
+
+A request's own CPU is small (about 20 ms for three tasks), but it is Python holding the GIL, so at 50 requests
+at once one process queues them on its GIL while the second core idles (bench/load.py: p99 1.5-1.7x one
+request alone with one process, about 1.25x with two). The supervisor binds the listening sockets, starts
+`http_workers` processes (spawned, never forked: no threads or model sessions are copied) that all accept on
+them, and restarts a worker that dies. The workers share, through the supervisor:
+
+- admission: `max_concurrent_requests` counts every worker's requests (`SharedSlots`, one counter per worker in
+  shared memory, so a dead worker's slots are given back);
+- metrics: prometheus_client's multiprocess mode, in a folder of the supervisor's; /metrics sums all workers;
+- the catalog store on disk (SQLite in WAL mode), which only worker 0 refreshes from the Hub, and uploads,
+  whose quota is checked under a file lock.
+
+Worker 0 starts first and the others once it has warmed (exported the sentence model, opened the catalog
+store), so caches on disk are built once. A worker exits when the supervisor does, even when it is killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, replace
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when a worker imports it
+WARM_WAIT_SECONDS = 600.0  # worker 0's warm-up (a first ONNX export and catalog embedding) before the others start
+RESTART_PAUSE_SECONDS = 1.0
+QUICK_DEATH_SECONDS = 10.0  # a worker that dies this soon after starting, three times in a row, stops the server
+STOP_SECONDS = 10.0
+
+
+class SharedSlots:
+    """`max_concurrent_requests` across worker processes: one count per worker in a shared array (under its
+    lock), so the supervisor can zero a dead worker's count. Never blocks: past the limit, `acquire` is False."""
+
+    def __init__(self, held: Any, index: int, limit: int):
+        self.held, self.index, self.limit = held, index, limit
+
+    def acquire(self, blocking: bool = False) -> bool:
+        with self.held.get_lock():
+            counts = self.held.get_obj()
+            if sum(counts) >= self.limit:
+                return False
+            counts[self.index] += 1
+            return True
+
+    def release(self) -> None:
+        with self.held.get_lock():
+            counts = self.held.get_obj()
+            counts[self.index] = max(0, counts[self.index] - 1)
+
+
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for `host:port`, resolved as waitress resolves them (a name may give IPv4 and IPv6)."""
+    from waitress.adjustments import Adjustments
+
+    sockets: list[socket.socket] = []
+    try:
+        for family, socktype, proto, sockaddr in Adjustments(host=host, port=port).listen:
+            sock = socket.socket(family, socktype, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            sock.listen(1024)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def worker_limits(config: Config, workers: int):
+    """Each worker's share of the connection limits, so that all of them together keep the configured ones."""
+    limits = config.http_limits()
+    return replace(limits, connection_limit=max(1, -(-limits.connection_limit // workers)),
+                   connections_per_client=max(1, -(-limits.per_client // workers)))
+
+
+@dataclass
+class WorkerSpec:
+    """What a spawned worker is given (pickled to it): where its config is and what it shares."""
+
+    config_path: str
+    strict: bool
+    index: int
+    workers: int
+    host: str
+    port: int
+    sockets: list[socket.socket]
+    held: Any  # multiprocessing Array of ints: requests admitted, per worker
+    warmed: Any  # multiprocessing Event: worker 0 has warmed
+    metrics_dir: str
+    first: bool = False  # the first start of worker 0: it serves while it warms (no other worker serves yet)
+
+
+def _exit_with_parent() -> None:
+    """A worker whose supervisor is gone (killed, even with SIGKILL) exits instead of serving on alone."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(0)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """A worker process: the same app as a single server, on the supervisor's sockets."""
+    _exit_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    from .chat import HuggingGPT
+    from .checks import print_start_checks
+    from .config import load_config
+    from .logs import setup_logging
+    from .server import create_app, serve
+
+    config = load_config(spec.config_path, strict=spec.strict)
+    setup_logging(config.debug, config.log_file)
+    engine = HuggingGPT(config)
+    engine.refreshes_catalog = spec.index == 0
+    engine.metrics.shared_dir = Path(spec.metrics_dir)
+
+    def warm() -> None:
+        try:
+            engine.warm()
+        finally:
+            if spec.index == 0:
+                spec.warmed.set()
+
+    if spec.first:  # the server's first process answers while it warms, as a single server does
+        threading.Thread(target=warm, name="warm-ranker", daemon=True).start()
+    else:  # others (and restarts) join warm: a request never gets a cold worker's fallback ranking
+        warm()
+    if spec.index == 0:
+        threading.Thread(target=print_start_checks, args=(engine,), name="start-checks", daemon=True).start()
+    app = create_app(config, engine, admission=SharedSlots(spec.held, spec.index, config.max_concurrent_requests))
+    threads = config.http_threads or config.max_concurrent_requests + 16
+    sys.exit(serve(app, spec.host, spec.port, threads=threads, limits=worker_limits(config, spec.workers),
+                   sockets=spec.sockets))
+
+
+class Supervisor:
+    """Binds the port, runs `config.http_workers` workers on it, restarts those that die, stops them all on
+    SIGTERM or Ctrl-C. `run` returns the exit status."""
+
+    def __init__(self, config_path: str, config: Config, host: str, port: int, strict: bool = False):
+        self.config_path, self.config, self.host, self.port, self.strict = config_path, config, host, port, strict
+        self.count = config.http_workers
+        self._stop = threading.Event()
+
+    def run(self) -> int:
+        from .server import address_problem
+
+        try:
+            sockets = bind_listeners(self.host, self.port)
+        except OSError as exc:
+            print(address_problem(self.host, self.port, exc), file=sys.stderr)
+            return 2
+        print(f"HuggingGPT server on http://{self.host}:{self.port} (LLM: {self.config.llm.summary()}; "
+              f"{self.count} worker processes)", file=sys.stderr, flush=True)
+        ctx = multiprocessing.get_context("spawn")
+        metrics_dir = tempfile.mkdtemp(prefix="hugginggpt-metrics-")
+        os.environ[METRICS_ENV] = metrics_dir  # before any worker imports prometheus_client
+        held, warmed = ctx.Array("i", self.count), ctx.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+
+        started: dict[int, float] = {}
+
+        def start(index: int) -> Any:
+            spec = WorkerSpec(self.config_path, self.strict, index, self.count, self.host, self.port, sockets, held,
+                              warmed, metrics_dir, first=not started)
+            proc = ctx.Process(target=worker_main, args=(spec,), name=f"hugginggpt-worker-{index}", daemon=True)
+            proc.start()
+            started[index] = time.monotonic()
+            return proc
+
+        procs: list[Any] = []
+        status = 0
+        try:
+            procs.append(start(0))
+            deadline = time.monotonic() + WARM_WAIT_SECONDS
+            while not self._stop.is_set() and not warmed.is_set() and time.monotonic() < deadline:
+                if procs[0].exitcode is not None:
+                    break  # its exit is handled (restarted) below, like any other
+                warmed.wait(0.2)
+            procs.extend(start(i) for i in range(1, self.count))
+            status = self._watch(procs, start, started, held, metrics_dir)
+        finally:
+            self._stop_all(procs)
+            for sock in sockets:
+                sock.close()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+        return status
+
+    def _watch(self, procs: list[Any], start: Any, started: dict[int, float], held: Any, metrics_dir: str) -> int:
+        quick_deaths = [0] * len(procs)
+        while not self._stop.is_set():
+            wait([p.sentinel for p in procs], timeout=0.5)
+            for index, proc in enumerate(procs):
+                if proc.exitcode is None or self._stop.is_set():
+                    continue
+                lived = time.monotonic() - started[index]
+                with held.get_lock():
+                    held.get_obj()[index] = 0  # its requests died with it
+                from prometheus_client.multiprocess import mark_process_dead
+
+                mark_process_dead(proc.pid, metrics_dir)
+                quick_deaths[index] = quick_deaths[index] + 1 if lived < QUICK_DEATH_SECONDS else 0
+                if quick_deaths[index] >= 3:
+                    print(f"error: worker {index} exited (status {proc.exitcode}) three times within "
+                          f"{QUICK_DEATH_SECONDS:g} s of starting; stopping the server (see the log above)",
+                          file=sys.stderr, flush=True)
+                    return 1
+                print(f"warning: worker {index} (pid {proc.pid}) exited with status {proc.exitcode} after "
+                      f"{lived:.0f} s; starting it again", file=sys.stderr, flush=True)
+                self._stop.wait(RESTART_PAUSE_SECONDS if quick_deaths[index] else 0)
+                if not self._stop.is_set():
+                    procs[index] = start(index)
+        return 0
+
+    @staticmethod
+    def _stop_all(procs: list[Any]) -> None:
+        for proc in procs:
+            if proc.exitcode is None:
+                proc.terminate()
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join()

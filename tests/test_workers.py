@@ -1,0 +1,218 @@
+"""`http_workers`: several server processes on one port, started, shared and stopped as one server."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+from hugginggpt.uploads import UploadStore
+from hugginggpt.workers import SharedSlots
+from tests.conftest import start_server, stop_server, write_config
+
+PLAN = json.dumps([{"task": "token-classification", "id": 0, "dep": [-1], "args": {"text": "Anna lives in Berlin"}}])
+ASK = {"messages": [{"role": "user", "content": "find the names: Anna lives in Berlin"}]}
+
+
+def workers_of(pid: int) -> list[int]:
+    """The supervisor's worker processes (not multiprocessing's resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in task.read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            except FileNotFoundError:
+                continue
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def wait_for(check, seconds: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds:g} s: {what}")
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.fixture
+def two_workers(tmp_path, llm, models, models_server, public_dir):
+    def start(**extra):
+        config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, semantic_ranking=False,
+                              http_workers=2, **extra)
+        srv = start_server(config, tmp_path)
+        wait_for(lambda: len(workers_of(srv.proc.pid)) == 2, what="two workers running")
+        started.append(srv)
+        return srv
+
+    started: list = []
+    yield start
+    for srv in started:
+        stop_server(srv)
+
+
+@contextmanager
+def only(srv, pid: int):
+    """Only worker `pid` accepts connections meanwhile: the others are stopped (SIGSTOP), so which worker
+    answers is not left to the kernel (at light load one worker tends to take every connection)."""
+    others = [p for p in workers_of(srv.proc.pid) if p != pid]
+    for other in others:
+        os.kill(other, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for other in others:
+            os.kill(other, signal.SIGCONT)
+
+
+def fresh_post(srv, body: dict, timeout: float = 60) -> requests.Response:
+    return requests.post(srv.url + "/hugginggpt", json=body, headers={"Connection": "close"}, timeout=timeout)
+
+
+def test_two_workers_answer_on_one_port_and_metrics_count_them_all(two_workers, llm):
+    llm.on("parse_task", PLAN)
+    llm.on("response_results", "Anna is a person; Berlin is a place.")
+    srv = two_workers()
+    first, second = workers_of(srv.proc.pid)
+    with only(srv, first):
+        assert [fresh_post(srv, ASK).status_code for _ in range(3)] == [200] * 3
+    with only(srv, second):
+        assert [fresh_post(srv, ASK).status_code for _ in range(2)] == [200] * 2
+    for pid in (first, second):  # whichever worker answers /metrics counts every worker's requests
+        with only(srv, pid):
+            text = requests.get(srv.url + "/metrics", headers={"Connection": "close"}, timeout=10).text
+        assert metric(text, 'hugginggpt_http_requests_total{route="/hugginggpt",status="200"}') == 5
+        assert metric(text, "hugginggpt_requests_in_flight") == 0
+
+    def ask(_: int) -> int:
+        with requests.Session() as http:
+            return http.post(srv.url + "/hugginggpt", json=ASK, timeout=60).status_code
+
+    with ThreadPoolExecutor(12) as pool:  # and at once, as the kernel hands the connections out
+        assert list(pool.map(ask, range(12))) == [200] * 12
+    assert "2 worker processes" in srv.logs()
+
+
+def test_max_concurrent_requests_counts_the_requests_of_every_worker(two_workers, llm):
+    llm.on("parse_task", PLAN, delay=3.0)
+    llm.on("response_results", "done")
+    srv = two_workers(max_concurrent_requests=1)
+    first = ThreadPoolExecutor(1).submit(srv.post, "/hugginggpt", ASK, timeout=60)
+    wait_for(lambda: llm.stage_requests("parse_task"), what="the first request reached the LLM")
+    for pid in workers_of(srv.proc.pid):  # the worker holding the slot, and the other: both refuse
+        with only(srv, pid):
+            refused = fresh_post(srv, ASK, timeout=30)
+        assert refused.status_code == 429, refused.text
+        assert "max_concurrent_requests" in refused.json()["error"]["message"]
+    assert first.result().status_code == 200
+    assert srv.post("/hugginggpt", ASK, timeout=60).status_code == 200  # its slot is free again
+
+
+def test_a_killed_worker_is_started_again_and_its_slots_given_back(two_workers, llm):
+    llm.on("parse_task", PLAN)
+    llm.on("parse_task", PLAN, delay=30.0, times=1)  # the first request hangs in the LLM until its worker dies
+    llm.on("response_results", "done")
+    srv = two_workers(max_concurrent_requests=1)
+    old = workers_of(srv.proc.pid)
+    hung = ThreadPoolExecutor(1).submit(srv.post, "/hugginggpt", ASK, timeout=60)
+    wait_for(lambda: llm.stage_requests("parse_task"), what="the first request reached the LLM")
+    for pid in old:  # the worker holding the slot among them
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(requests.ConnectionError):
+        hung.result()
+    wait_for(lambda: len(workers_of(srv.proc.pid)) == 2 and not set(workers_of(srv.proc.pid)) & set(old),
+             what="both workers started again")
+    wait_for(lambda: srv.post("/hugginggpt", ASK, timeout=60).status_code != 503, seconds=30,
+             what="the new workers answer")
+    answers = [srv.post("/hugginggpt", ASK, timeout=60) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]  # no slot left held
+    assert "exited with status -9" in srv.logs() and "starting it again" in srv.logs()
+
+
+def test_stopping_the_supervisor_stops_its_workers_even_when_it_is_killed(two_workers):
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        srv = two_workers()
+        pids = workers_of(srv.proc.pid)
+        os.kill(srv.proc.pid, stop)
+        srv.proc.wait(15)
+        wait_for(lambda: not any(alive(p) for p in pids), seconds=15, what=f"workers gone after {stop.name}")
+        if stop == signal.SIGTERM:
+            assert srv.proc.returncode == 0
+
+
+def test_a_taken_port_is_one_line_with_workers_too(tmp_path, llm, models_server, public_dir):
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, http_workers=2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode",
+                              "server", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True,
+                             timeout=60)
+    assert run.returncode == 2 and "is already in use" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_http_workers_must_be_a_small_positive_number(tmp_path, llm, models_server, public_dir):
+    from hugginggpt.config import load_config
+    from hugginggpt.errors import ConfigError
+
+    for bad, why in ((0, "positive"), (-1, "positive"), ("two", "http_workers"), (1000, "at most")):
+        config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, http_workers=bad)
+        with pytest.raises(ConfigError, match=why):
+            load_config(config, env={})
+    assert load_config(write_config(tmp_path, llm.base_url, models_server[1], public_dir), env={}).http_workers == 1
+
+
+def test_shared_slots_count_across_processes_and_a_dead_workers_count_is_dropped():
+    held = multiprocessing.get_context("spawn").Array("i", 2)
+    first, second = SharedSlots(held, 0, 2), SharedSlots(held, 1, 2)
+    assert first.acquire() and second.acquire()
+    assert not first.acquire() and not second.acquire()  # two in all, whichever worker asks
+    second.release()
+    assert first.acquire() and list(held) == [2, 0]
+    second.release()  # nothing of its own to give back: the other worker's slots stay held
+    assert not second.acquire()
+
+
+def test_the_upload_quota_is_checked_under_a_lock_every_worker_takes(tmp_path):
+    public = tmp_path / "public"
+    one, other = UploadStore(public, 10_000, 1_000_000), UploadStore(public, 10_000, 1_000_000)
+    inside = threading.Event()
+
+    def second_worker() -> None:
+        with other._exclusive():
+            inside.set()
+
+    with one._exclusive():  # what a worker holds while it checks the quota and writes
+        threading.Thread(target=second_worker, daemon=True).start()
+        assert not inside.wait(0.5), "a second store (another worker) got in while the first held the lock"
+    assert inside.wait(5)
