@@ -208,9 +208,23 @@ def ranking_cost(keyword: bool, queries: int = 60) -> tuple[float, float, str]:
     return statistics.median(per_task), percentile(per_task, 0.99), type(ranker).__name__
 
 
+def settle(pid: int, quiet_cpu: float = 0.02, window: float = 0.5, limit: float = 120.0) -> None:
+    """Wait until the server and its workers are idle: the workers after the first warm up (load the sentence
+    model) after /health first answers, and that CPU is not a request's."""
+    deadline = time.monotonic() + limit
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(window)
+        now = cpu_seconds(pid)
+        if now - before < quiet_cpu:
+            return
+        before = now
+
+
 def serve(config: Path, folder: Path, rounds: int) -> dict:
     server = start_server(config, folder)
     try:
+        settle(server.proc.pid)
         load = Load(server.url)
         load.run(1, 3)  # warm: first connections, first status checks
         before, harness = cpu_seconds(server.proc.pid), time.process_time()
@@ -231,6 +245,7 @@ def cpu_only(config: Path, folder: Path, runs: int = 3, requests_per_run: int = 
     over enough requests that the clock's 10 ms ticks do not matter."""
     server = start_server(config, folder)
     try:
+        settle(server.proc.pid)
         load = Load(server.url)
         load.run(1, 10)
         out = []
@@ -267,6 +282,8 @@ def main(rounds: int, keyword: bool, cpu: bool = False, workers: int | None = No
             llm_srv.stop()
             models_srv.stop()
         label = "keyword ranking" if keyword else "shipped defaults (semantic ranking)"
+        if workers is not None:
+            label += f", http_workers: {workers} (--workers)"
         print(f"{label}; LLM and models answering at once: server CPU per 3-task request over 3 x 100 in a row: "
               + ", ".join(f"{ms:.1f} ms" for ms in runs))
         return

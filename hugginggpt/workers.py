@@ -127,6 +127,7 @@ def worker_main(spec: WorkerSpec) -> None:
     """A worker process: the same app as a single server, on the supervisor's sockets."""
     _exit_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor stops us
     from .chat import HuggingGPT
     from .checks import print_start_checks
     from .config import load_config
