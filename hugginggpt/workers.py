@@ -9,8 +9,9 @@ them, and restarts a worker that dies. The workers share, through the supervisor
 - admission: `max_concurrent_requests` counts every worker's requests (`SharedSlots`, one counter per worker in
   shared memory, so a dead worker's slots are given back);
 - metrics: prometheus_client's multiprocess mode, in a folder of the supervisor's; /metrics sums all workers;
-- the catalog store on disk (SQLite in WAL mode), which only worker 0 refreshes from the Hub, and uploads,
-  whose quota is checked under a file lock.
+- the catalog store on disk (SQLite in WAL mode), which only worker 0 refreshes from the Hub, with the models'
+  health (`catalog/health.py` reads what other workers recorded), and uploads, whose quota is checked under a
+  file lock.
 
 Worker 0 starts first and the others once it has warmed (exported the sentence model, opened the catalog
 store), so caches on disk are built once. A worker exits when the supervisor does, even when it is killed.

@@ -73,6 +73,26 @@ def test_a_failing_model_ranks_lower_and_that_survives_a_restart(tmp_path):
     reopened.close()
 
 
+def test_two_workers_on_one_store_see_each_others_failures_and_keep_each_others_counts(tmp_path):
+    path = tmp_path / "catalog.sqlite"
+    first = CatalogStore.open(path, HashEmbedder(), curated=CURATED)
+    second = CatalogStore.open(path, HashEmbedder(), curated=CURATED)  # another worker process, its own connections
+    query = ("translation", "translate this English text into German")
+    victim = "Helsinki-NLP/opus-mt-en-de"
+    assert victim in [c.card.id for c in second.search(*query, limit=5)][:2]
+    first.health.record(victim, False, 1.0, error="CUDA out of memory")
+    first.health.record(victim, False, 1.0, error="CUDA out of memory")
+    assert victim not in [c.card.id for c in second.search(*query, limit=5)][:2]  # failed in the other worker
+    second.health.record(victim, True, 0.5)
+    first.health.record(victim, True, 0.5)
+    for store in (first, second):
+        store.search(*query, limit=5)
+        h = store.health.get(victim)
+        assert (h.ok, h.failed, h.consecutive_failures) == (2, 2, 0), h  # nobody's record written over
+    first.close()
+    second.close()
+
+
 def test_the_health_penalty_fades_with_time(store):
     now = [1000.0]
     store.health.clock = lambda: now[0]

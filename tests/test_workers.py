@@ -64,14 +64,24 @@ def two_workers(tmp_path, llm, models, models_server, public_dir):
         config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, semantic_ranking=False,
                               http_workers=2, **extra)
         srv = start_server(config, tmp_path)
-        wait_for(lambda: len(workers_of(srv.proc.pid)) == 2, what="two workers running")
         started.append(srv)
+        wait_for(lambda: len(workers_of(srv.proc.pid)) == 2, what="two workers running")
+        seen.update(workers_of(srv.proc.pid))
         return srv
 
     started: list = []
+    seen: set[int] = set()
     yield start
     for srv in started:
+        seen.update(workers_of(srv.proc.pid) if srv.proc.poll() is None else [])
         stop_server(srv)
+    for pid in seen:  # none should be left; if one is (a broken build), it must not outlive the test
+        try:
+            ours = b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if ours and alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager

@@ -2,7 +2,9 @@
 
 `Health.record(model_id, ok, seconds)` is called once per execution; `penalty(model_id)` (0..1) ranks a
 model that failed recently lower, decaying with time; `ewma_seconds` feeds the expected-latency factor.
-Rows live in the store's SQLite file, so a restart keeps them; reads come from an in-memory copy.
+Rows live in the store's SQLite file, so a restart keeps them; reads come from an in-memory copy, which `sync`
+refreshes when another connection (another worker process of the server) has written since. A record reads
+the row, updates it and writes it back in one write transaction, so two workers never lose each other's counts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ CREATE TABLE IF NOT EXISTS health(
 );
 """
 EWMA_ALPHA = 0.3
+COLUMNS = "model, ok, failed, consecutive_failures, last_ok, last_failure, last_error, ewma_seconds"
 
 
 @dataclass
@@ -46,35 +49,61 @@ class Health:
         self.lock = lock or threading.RLock()
         self.half_life_s = half_life_hours * 3600.0
         self.clock = clock
+        self._version: int | None = None
         with self.lock:
             conn.executescript(SCHEMA)
-            rows = conn.execute("SELECT model, ok, failed, consecutive_failures, last_ok, last_failure, last_error, "
-                                "ewma_seconds FROM health").fetchall()
+        self.sync()
+
+    def sync(self) -> None:
+        """Take in what other connections (the server's other workers) recorded since the last look: one cheap
+        PRAGMA when nothing changed."""
+        with self.lock:
+            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._version:
+                return
+            self._version = version
+            rows = self.conn.execute(f"SELECT {COLUMNS} FROM health").fetchall()
         self._rows = {r[0]: ModelHealth(*r) for r in rows}
 
     def record(self, model_id: str, ok: bool, seconds: float | None = None, error: str | None = None) -> None:
         """One execution of `model_id`: persisted before returning."""
         now = self.clock()
         with self.lock:
-            h = self._rows.get(model_id) or ModelHealth(model_id)
-            if ok:
-                h.ok += 1
-                h.consecutive_failures = 0
-                h.last_ok = now
-                if seconds is not None:
-                    h.ewma_seconds = seconds if h.ewma_seconds is None else (
-                        EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * h.ewma_seconds)
-            else:
-                h.failed += 1
-                h.consecutive_failures += 1
-                h.last_failure = now
-                h.last_error = (error or "")[:500] or None
-            self.conn.execute(
-                "INSERT OR REPLACE INTO health(model, ok, failed, consecutive_failures, last_ok, last_failure, "
-                "last_error, ewma_seconds) VALUES (?,?,?,?,?,?,?,?)",
-                (h.model, h.ok, h.failed, h.consecutive_failures, h.last_ok, h.last_failure, h.last_error,
-                 h.ewma_seconds))
+            own = not self.conn.in_transaction
+            if own:
+                self.conn.execute("BEGIN IMMEDIATE")  # another worker's record waits for this one
+            try:
+                row = self.conn.execute(f"SELECT {COLUMNS} FROM health WHERE model=?", (model_id,)).fetchone()
+                h = ModelHealth(*row) if row else ModelHealth(model_id)
+                self._update(h, ok, seconds, error, now)
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO health(model, ok, failed, consecutive_failures, last_ok, last_failure, "
+                    "last_error, ewma_seconds) VALUES (?,?,?,?,?,?,?,?)",
+                    (h.model, h.ok, h.failed, h.consecutive_failures, h.last_ok, h.last_failure, h.last_error,
+                     h.ewma_seconds))
+                if own:
+                    self.conn.execute("COMMIT")
+            except BaseException:
+                if own and self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
             self._rows[model_id] = h
+
+    @staticmethod
+    def _update(h: ModelHealth, ok: bool, seconds: float | None, error: str | None, now: float) -> None:
+        """One run's outcome added to the row as it stands in the file."""
+        if ok:
+            h.ok += 1
+            h.consecutive_failures = 0
+            h.last_ok = now
+            if seconds is not None:
+                h.ewma_seconds = seconds if h.ewma_seconds is None else (
+                    EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * h.ewma_seconds)
+        else:
+            h.failed += 1
+            h.consecutive_failures += 1
+            h.last_failure = now
+            h.last_error = (error or "")[:500] or None
 
     def get(self, model_id: str) -> ModelHealth | None:
         return self._rows.get(model_id)

@@ -541,6 +541,7 @@ class CatalogStore:
         w = weights or self.weights
         exclude = set(exclude)
         self._maybe_reload()
+        self.health.sync()  # failures another worker recorded count here too
         view = self._view
         index = view.task(task) if view is not None and self.embedder is not None else None
         if index is None:
