@@ -152,7 +152,7 @@ def worker_main(spec: WorkerSpec) -> None:
         threading.Thread(target=warm, name="warm-ranker", daemon=True).start()
     else:  # others (and restarts) join warm: a request never gets a cold worker's fallback ranking
         warm()
-    if spec.index == 0:
+    if spec.first:  # once per server, not again when worker 0 is restarted
         threading.Thread(target=print_start_checks, args=(engine,), name="start-checks", daemon=True).start()
     app = create_app(config, engine, admission=SharedSlots(spec.held, spec.index, config.max_concurrent_requests))
     threads = config.http_threads or config.max_concurrent_requests + 16
