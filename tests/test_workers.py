@@ -160,6 +160,7 @@ def test_a_killed_worker_is_started_again_and_its_slots_given_back(two_workers, 
     answers = [srv.post("/hugginggpt", ASK, timeout=60) for _ in range(3)]
     assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]  # no slot left held
     assert "exited with status -9" in srv.logs() and "starting it again" in srv.logs()
+    assert srv.logs().count("check: the LLM") == 1  # once per server, not per (re)started worker
 
 
 def test_stopping_the_supervisor_stops_its_workers_even_when_it_is_killed(two_workers):
