@@ -54,13 +54,11 @@ def cpu_ms(call: Callable[[], object], batches: int = 5, per_batch: int = 100) -
 
 
 def main() -> None:
+    from bench.shipped_ranking import shipped_ranking
     from hugginggpt.backends import TaskInputs
     from hugginggpt.backends.local import LocalModelsServer
-    from hugginggpt.catalog import Catalog, RankQuery
-    from hugginggpt.catalog.embedders import SemanticEmbedder
-    from hugginggpt.catalog.semantic import SemanticRanker
-    from hugginggpt.catalog.store import CatalogStore
-    from hugginggpt.config import LLMSettings, load_config
+    from hugginggpt.catalog import RankQuery
+    from hugginggpt.config import LLMSettings
     from hugginggpt.llm import LLMClient
 
     folder = Path(tempfile.mkdtemp(prefix="call-costs-"))
@@ -71,13 +69,8 @@ def main() -> None:
     llm_srv = KeepAliveServer(llm.app()).start()
     models_srv = KeepAliveServer(FakeModels(public=public, models=dict(DEFAULT_MODELS)).app()).start()
     try:
-        config = load_config(ROOT / "configs" / "config.default.yaml", env={"OPENAI_API_KEY": "x"}, need_llm=False)
-        catalog = Catalog.load(config.catalog_path)
-        ranker = SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
-        ranker.warm(catalog.cards)
-        ranker.load()
-        store = CatalogStore.open(folder / "catalog.sqlite", SemanticEmbedder.from_ranker(ranker, catalog.cards),
-                                  curated=config.catalog_path)
+        shipped = shipped_ranking(folder)
+        ranker, store = shipped.ranker, shipped.store
         vector = ranker.query_vectors([RankQuery(task="token-classification", text=REQUEST)])[0]
         client = LLMClient(LLMSettings(api_type="local", endpoint=llm_srv.url + "/v1", model="scripted"))
         models = LocalModelsServer(models_srv.url, public)

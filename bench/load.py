@@ -171,29 +171,18 @@ def ranking_cost(keyword: bool, queries: int = 60) -> tuple[float, float, str]:
     """Per task, in this process: the CPU the server's selector spends ranking (query embedding included; the
     request's one embedding shared by its tasks). CPU, not wall time: on a shared machine the wall time of a
     5 ms computation says more about the neighbours than about the ranking."""
-    from hugginggpt.config import load_config
+    from bench.shipped_ranking import shipped_ranking
     from hugginggpt.plan import Task
     from hugginggpt.select import Selector
 
-    config = load_config(ROOT / "configs" / "config.default.yaml", env={"OPENAI_API_KEY": "x"}, need_llm=False)
-    from hugginggpt.catalog import Catalog, KeywordRanker
-    from hugginggpt.catalog.embedders import SemanticEmbedder
-    from hugginggpt.catalog.semantic import SemanticRanker
-    from hugginggpt.catalog.store import CatalogStore
-
-    catalog = Catalog.load(config.catalog_path)
-    ranker = KeywordRanker() if keyword else SemanticRanker.create(ROOT / ".cache", catalog=catalog.cards)
-    if hasattr(ranker, "warm"):
-        ranker.warm(catalog.cards)
-        ranker.load()
-    selector = Selector(catalog=catalog, ranker=ranker, availability=None, prompts=None,  # type: ignore[arg-type]
+    # as the server ranks once warm: from a catalog store holding the curated catalog
+    shipped = shipped_ranking(Path(tempfile.mkdtemp(prefix="load-store-")), keyword)
+    config, ranker = shipped.config, shipped.ranker
+    selector = Selector(catalog=shipped.catalog, ranker=ranker, availability=None, prompts=None,  # type: ignore[arg-type]
                         inference_mode="local", num_candidates=config.num_candidate_models,
                         max_description_length=config.max_description_length, choose=config.choose_model,
                         margin=config.choose_model_margin)
-    # as the server ranks once warm: from a catalog store holding the curated catalog
-    embedder = SemanticEmbedder.from_ranker(ranker, catalog.cards) if hasattr(ranker, "card_vector") else None
-    selector.use_store(CatalogStore.open(Path(tempfile.mkdtemp(prefix="load-store-")) / "catalog.sqlite", embedder,
-                                         curated=config.catalog_path))
+    selector.use_store(shipped.store)
     per_task: list[float] = []
     for n in range(1000, 1000 + queries):
         plan = json.loads(plan_for(n))
