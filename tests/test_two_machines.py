@@ -342,3 +342,67 @@ def test_a_copy_cut_at_its_deadline_says_it_was_slow_and_errors_keep_requests_na
     assert _cause(errors.ReadTimeoutError(None, "/x", "slow")) == "ReadTimeout"
     assert _cause(errors.LocationParseError("http://[::1")) == "InvalidURL"
     assert _cause(errors.SSLError("bad certificate")) == "SSLError"
+
+
+def _self_signed(folder):
+    """A certificate for 127.0.0.1 that no CA signed: what a misconfigured or impostor models server shows."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+def test_an_https_models_server_is_verified_and_an_untrusted_certificate_refused(tmp_path):
+    """The models server may be another machine reached over https: its certificate is checked against the CA
+    bundle (certifi's, as requests used), so one nobody signed is an error naming TLS, never data accepted."""
+    import threading
+
+    from flask import Flask, jsonify
+    from werkzeug.serving import make_server
+
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+    from hugginggpt.errors import BackendError
+
+    impostor = Flask("impostor")
+    calls = []
+
+    @impostor.post("/models/<path:mid>")
+    def infer(mid):
+        calls.append(mid)
+        return jsonify([{"entity_group": "PER", "word": "Anna", "score": 0.99}])
+
+    @impostor.get("/status/<path:mid>")
+    def status(mid):
+        return jsonify({"loaded": True})
+
+    cert, key = _self_signed(tmp_path)
+    srv = make_server("127.0.0.1", 0, impostor, threaded=True, ssl_context=(str(cert), str(key)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = LocalModelsServer(f"https://127.0.0.1:{srv.server_port}", make_public(tmp_path / "public"),
+                                   task_timeout=5)
+        with pytest.raises(BackendError, match="SSLError"):
+            client.infer("dslim/bert-base-NER", TaskInputs("token-classification", text="Anna"))
+        assert client.is_available("dslim/bert-base-NER") is False
+        assert calls == []  # nothing was sent past the handshake
+    finally:
+        srv.shutdown()
