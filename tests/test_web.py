@@ -16,6 +16,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:  # pragma: no cover
     sync_playwright = None
@@ -58,6 +59,11 @@ def test_page_shows_plan_states_results_and_answer(server, llm, models, page):
     img = page.locator('.task[data-id="0"] img')
     src = img.get_attribute("src")
     assert src.startswith("/images/")
+    try:  # the image is in the page before it has loaded
+        page.wait_for_function("s => { const i = document.querySelector(`img[src='${s}']`);"
+                               " return i && i.complete && i.naturalWidth > 0; }", arg=src, timeout=10000)
+    except PlaywrightTimeout:
+        pass  # a broken image never loads: the assertion says so
     assert page.evaluate("s => document.querySelector(`img[src='${s}']`).naturalWidth", src) == 64
     assert requests.get(server.url + src, timeout=5).headers["Content-Type"] == "image/png"
     assert "stabilityai/stable-diffusion-xl-base-1.0" in page.inner_text('.task[data-id="0"]')
