@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "server" and config.http_workers > 1:
         from hugginggpt.workers import Supervisor
 
-        return Supervisor(args.config, config, host, port, strict=args.strict).run()
+        return Supervisor(config, host, port).run()
     if args.mode == "server":
         from hugginggpt.server import create_app, serve
 

@@ -43,7 +43,8 @@ class SafeFormatter(logging.Formatter):
         return self._block(super().formatStack(stack_info))
 
 
-def setup_logging(debug: bool = False, log_file: Path | None = None, quiet: bool = False) -> None:
+def setup_logging(debug: bool = False, log_file: Path | None = None, quiet: bool = False, tag: str = "") -> None:
+    """tag: written after the level on every line (a worker process's "w0", "w1": several append to one log)."""
     level = logging.DEBUG if debug else logging.INFO
     handlers: list[logging.Handler] = []
     console = logging.StreamHandler(sys.stderr)
@@ -53,7 +54,7 @@ def setup_logging(debug: bool = False, log_file: Path | None = None, quiet: bool
         log_file.parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     for handler in handlers:
-        handler.setFormatter(SafeFormatter(FORMAT))
+        handler.setFormatter(SafeFormatter(FORMAT.replace("%(name)s", f"{tag} %(name)s") if tag else FORMAT))
         handler.addFilter(RequestIdFilter())
     logging.basicConfig(level=level, handlers=handlers, force=True)
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "urllib3", "waitress.queue"):

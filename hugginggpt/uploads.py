@@ -27,14 +27,14 @@ class UploadStore:
         processes of the server (an flock on the uploads folder)."""
         with self._lock:
             self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                import fcntl
+            except ImportError:  # pragma: no cover - not on Windows, where a folder cannot be opened
+                yield
+                return
             fd = os.open(self.folder, os.O_RDONLY)
             try:
-                try:
-                    import fcntl
-                except ImportError:  # pragma: no cover - not on Windows (one process there)
-                    fcntl = None
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
             finally:
                 os.close(fd)  # closing the descriptor drops its lock

@@ -43,27 +43,57 @@ WARM_WAIT_SECONDS = 600.0  # worker 0's warm-up (a first ONNX export and catalog
 RESTART_PAUSE_SECONDS = 1.0
 QUICK_DEATH_SECONDS = 10.0  # a worker that dies this soon after starting, three times in a row, stops the server
 STOP_SECONDS = 10.0
+LOCK_SECONDS = 2.0  # the admission counts' lock is held for a sum over a few ints: longer means its holder died
 
 
 class SharedSlots:
-    """`max_concurrent_requests` across worker processes: one count per worker in a shared array (under its
-    lock), so the supervisor can zero a dead worker's count. Never blocks: past the limit, `acquire` is False."""
+    """`max_concurrent_requests` across worker processes: one count per worker in a shared array, so the
+    supervisor can zero a dead worker's count. Never blocks: past the limit, `acquire` is False.
+
+    The array's lock is a plain lock (not multiprocessing's default RLock), so that when a worker dies holding
+    it the supervisor can release it for the dead worker (`free_lock_of_the_dead`)."""
 
     def __init__(self, held: Any, index: int, limit: int):
         self.held, self.index, self.limit = held, index, limit
 
     def acquire(self, blocking: bool = False) -> bool:
-        with self.held.get_lock():
+        lock = self.held.get_lock()
+        if not lock.acquire(timeout=LOCK_SECONDS):  # its holder died; the supervisor frees it: refuse meanwhile
+            return False
+        try:
             counts = self.held.get_obj()
             if sum(counts) >= self.limit:
                 return False
             counts[self.index] += 1
             return True
+        finally:
+            lock.release()
 
     def release(self) -> None:
-        with self.held.get_lock():
+        lock = self.held.get_lock()
+        if not lock.acquire(timeout=LOCK_SECONDS):
+            return  # the supervisor zeroes this worker's count if it dies; a live one retries on its next request
+        try:
             counts = self.held.get_obj()
             counts[self.index] = max(0, counts[self.index] - 1)
+        finally:
+            lock.release()
+
+
+def shared_counts(ctx: Any, workers: int) -> Any:
+    """The admission counts of `SharedSlots`: one int per worker, under a plain (non-recursive) lock."""
+    return ctx.Array("i", workers, lock=ctx.Lock())
+
+
+def free_lock_of_the_dead(held: Any) -> None:
+    """After a worker died: if the counts' lock stays taken, the dead worker held it (every holder keeps it for
+    a sum over a few ints), so release it for the dead."""
+    lock = held.get_lock()
+    if lock.acquire(timeout=LOCK_SECONDS):
+        lock.release()
+        return
+    log.warning("a dead worker held the admission lock; releasing it")
+    lock.release()
 
 
 def bind_listeners(host: str, port: int) -> list[socket.socket]:
@@ -88,18 +118,19 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 
 
 def worker_limits(config: Config, workers: int):
-    """Each worker's share of the connection limits, so that all of them together keep the configured ones."""
+    """Each worker's share of `http_connection_limit`, so that all of them together keep it: a worker at its
+    share stops accepting and the others take the new connections. The per-client limit is each worker's own
+    (it counts the connections a worker holds; halving it would refuse a client one worker took most of)."""
     limits = config.http_limits()
     return replace(limits, connection_limit=max(1, -(-limits.connection_limit // workers)),
-                   connections_per_client=max(1, -(-limits.per_client // workers)))
+                   connections_per_client=min(limits.per_client, max(1, -(-limits.connection_limit // workers))))
 
 
 @dataclass
 class WorkerSpec:
     """What a spawned worker is given (pickled to it): where its config is and what it shares."""
 
-    config_path: str
-    strict: bool
+    config: Config  # loaded once by the supervisor: every worker, restarted ones too, runs the same settings
     index: int
     workers: int
     host: str
@@ -131,12 +162,11 @@ def worker_main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor stops us
     from .chat import HuggingGPT
     from .checks import print_start_checks
-    from .config import load_config
     from .logs import setup_logging
     from .server import create_app, serve
 
-    config = load_config(spec.config_path, strict=spec.strict)
-    setup_logging(config.debug, config.log_file)
+    config = spec.config
+    setup_logging(config.debug, config.log_file, tag=f"w{spec.index}")
     engine = HuggingGPT(config)
     engine.refreshes_catalog = spec.index == 0
     engine.metrics.shared_dir = Path(spec.metrics_dir)
@@ -164,8 +194,8 @@ class Supervisor:
     """Binds the port, runs `config.http_workers` workers on it, restarts those that die, stops them all on
     SIGTERM or Ctrl-C. `run` returns the exit status."""
 
-    def __init__(self, config_path: str, config: Config, host: str, port: int, strict: bool = False):
-        self.config_path, self.config, self.host, self.port, self.strict = config_path, config, host, port, strict
+    def __init__(self, config: Config, host: str, port: int):
+        self.config, self.host, self.port = config, host, port
         self.count = config.http_workers
         self._stop = threading.Event()
 
@@ -179,40 +209,51 @@ class Supervisor:
             return 2
         print(f"HuggingGPT server on http://{self.host}:{self.port} (LLM: {self.config.llm.summary()}; "
               f"{self.count} worker processes)", file=sys.stderr, flush=True)
-        ctx = multiprocessing.get_context("spawn")
-        metrics_dir = tempfile.mkdtemp(prefix="hugginggpt-metrics-")
-        os.environ[METRICS_ENV] = metrics_dir  # before any worker imports prometheus_client
-        held, warmed = ctx.Array("i", self.count), ctx.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-
+        ctx = multiprocessing.get_context("spawn")
         started: dict[int, float] = {}
-
-        def start(index: int) -> Any:
-            spec = WorkerSpec(self.config_path, self.strict, index, self.count, self.host, self.port, sockets, held,
-                              warmed, metrics_dir, first=not started)
-            proc = ctx.Process(target=worker_main, args=(spec,), name=f"hugginggpt-worker-{index}", daemon=True)
-            proc.start()
-            started[index] = time.monotonic()
-            return proc
-
         procs: list[Any] = []
-        status = 0
+        metrics_dir: str | None = None
         try:
+            metrics_dir = tempfile.mkdtemp(prefix="hugginggpt-metrics-")
+            os.environ[METRICS_ENV] = metrics_dir  # before any worker imports prometheus_client
+            held, warmed = shared_counts(ctx, self.count), ctx.Event()
+
+            def start(index: int) -> Any:
+                spec = WorkerSpec(self.config, index, self.count, self.host, self.port, sockets, held, warmed,
+                                  str(metrics_dir), first=not started)
+                proc = ctx.Process(target=worker_main, args=(spec,), name=f"hugginggpt-worker-{index}", daemon=True)
+                # a worker ignores Ctrl-C (the supervisor stops it), from its first instruction: the terminal
+                # sends SIGINT to the whole group, and a worker still importing would print a traceback
+                previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                try:
+                    proc.start()
+                finally:
+                    signal.signal(signal.SIGINT, previous)
+                started[index] = time.monotonic()
+                return proc
+
             procs.append(start(0))
             deadline = time.monotonic() + WARM_WAIT_SECONDS
             while not self._stop.is_set() and not warmed.is_set() and time.monotonic() < deadline:
                 if procs[0].exitcode is not None:
                     break  # its exit is handled (restarted) below, like any other
                 warmed.wait(0.2)
+            if self._stop.is_set():
+                return 0
             procs.extend(start(i) for i in range(1, self.count))
-            status = self._watch(procs, start, started, held, metrics_dir)
+            return self._watch(procs, start, started, held, metrics_dir)
+        except OSError as exc:  # no shared memory for the counts (a container without /dev/shm), no temp folder
+            print(f"error: starting the worker processes failed ({exc}); set http_workers: 1 to run one process",
+                  file=sys.stderr, flush=True)
+            return 1
         finally:
             self._stop_all(procs)
             for sock in sockets:
                 sock.close()
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-        return status
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _watch(self, procs: list[Any], start: Any, started: dict[int, float], held: Any, metrics_dir: str) -> int:
         quick_deaths = [0] * len(procs)
@@ -222,6 +263,7 @@ class Supervisor:
                 if proc.exitcode is None or self._stop.is_set():
                     continue
                 lived = time.monotonic() - started[index]
+                free_lock_of_the_dead(held)
                 with held.get_lock():
                     held.get_obj()[index] = 0  # its requests died with it
                 from prometheus_client.multiprocess import mark_process_dead

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from hugginggpt.uploads import UploadStore
-from hugginggpt.workers import SharedSlots
+from hugginggpt.workers import LOCK_SECONDS, SharedSlots, free_lock_of_the_dead, shared_counts
 from tests.conftest import start_server, stop_server, write_config
 
 PLAN = json.dumps([{"task": "token-classification", "id": 0, "dep": [-1], "args": {"text": "Anna lives in Berlin"}}])
@@ -124,10 +124,12 @@ def test_two_workers_answer_on_one_port_and_metrics_count_them_all(two_workers, 
     with ThreadPoolExecutor(12) as pool:  # and at once, as the kernel hands the connections out
         assert list(pool.map(ask, range(12))) == [200] * 12
     assert "2 worker processes" in srv.logs()
+    lines = srv.logs().splitlines()  # several processes append to one log: each line says which
+    assert any(" INFO w0 hugginggpt" in line for line in lines) and any(" INFO w1 hugginggpt" in line for line in lines)
 
 
 def test_max_concurrent_requests_counts_the_requests_of_every_worker(two_workers, llm):
-    llm.on("parse_task", PLAN, delay=3.0)
+    llm.on("parse_task", PLAN, delay=8.0)  # long enough for both refusals on a loaded machine
     llm.on("response_results", "done")
     srv = two_workers(max_concurrent_requests=1)
     first = ThreadPoolExecutor(1).submit(srv.post, "/hugginggpt", ASK, timeout=60)
@@ -168,28 +170,29 @@ def test_stopping_the_supervisor_stops_its_workers_even_when_it_is_killed(two_wo
         srv = two_workers()
         pids = workers_of(srv.proc.pid)
         os.kill(srv.proc.pid, stop)
+        if stop == signal.SIGINT:  # Ctrl-C in a terminal reaches every process of the group
+            for pid in pids:
+                os.kill(pid, signal.SIGINT)
         srv.proc.wait(15)
         wait_for(lambda: not any(alive(p) for p in pids), seconds=15, what=f"workers gone after {stop.name}")
         if stop != signal.SIGKILL:
             assert srv.proc.returncode == 0 and "Traceback" not in srv.logs()
 
 
-def test_a_taken_port_is_one_line_with_workers_too(tmp_path, llm, models_server, public_dir):
+def test_a_taken_port_is_one_line_with_workers_too(tmp_path, llm, models_server, public_dir, capsys):
     import socket
-    import subprocess
-    import sys
 
-    from tests.conftest import ROOT
+    from hugginggpt.config import load_config
+    from hugginggpt.workers import Supervisor
 
-    config = write_config(tmp_path, llm.base_url, models_server[1], public_dir, http_workers=2)
+    config = load_config(write_config(tmp_path, llm.base_url, models_server[1], public_dir, http_workers=2), env={})
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        run = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode",
-                              "server", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True,
-                             timeout=60)
-    assert run.returncode == 2 and "is already in use" in run.stderr and "Traceback" not in run.stderr
+        assert Supervisor(config, "127.0.0.1", port).run() == 2  # the supervisor's own bind, no worker started
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is already in use; choose another with --port" in err and "Traceback" not in err
 
 
 def test_http_workers_must_be_a_small_positive_number(tmp_path, llm, models_server, public_dir):
@@ -203,8 +206,8 @@ def test_http_workers_must_be_a_small_positive_number(tmp_path, llm, models_serv
     assert load_config(write_config(tmp_path, llm.base_url, models_server[1], public_dir), env={}).http_workers == 1
 
 
-def test_shared_slots_count_across_processes_and_a_dead_workers_count_is_dropped():
-    held = multiprocessing.get_context("spawn").Array("i", 2)
+def test_shared_slots_count_every_workers_requests_and_give_back_only_their_own():
+    held = shared_counts(multiprocessing.get_context("spawn"), 2)
     first, second = SharedSlots(held, 0, 2), SharedSlots(held, 1, 2)
     assert first.acquire() and second.acquire()
     assert not first.acquire() and not second.acquire()  # two in all, whichever worker asks
@@ -212,6 +215,35 @@ def test_shared_slots_count_across_processes_and_a_dead_workers_count_is_dropped
     assert first.acquire() and list(held) == [2, 0]
     second.release()  # nothing of its own to give back: the other worker's slots stay held
     assert not second.acquire()
+
+
+def _die_holding(lock) -> None:
+    lock.acquire()
+    time.sleep(60)
+
+
+def test_a_worker_that_dies_holding_the_admission_lock_does_not_stop_admission():
+    ctx = multiprocessing.get_context("spawn")
+    held = shared_counts(ctx, 2)
+    holder = ctx.Process(target=_die_holding, args=(held.get_lock(),), daemon=True)
+    holder.start()
+    lock = held.get_lock()
+
+    def taken() -> bool:
+        if lock.acquire(block=False):
+            lock.release()
+            return False
+        return True
+
+    wait_for(taken, what="the other process holds the lock")
+    holder.kill()  # the OOM killer, in the middle of an admission
+    holder.join()
+    slots = SharedSlots(held, 0, 1)
+    started = time.monotonic()
+    assert not slots.acquire()  # refused (not hung) while the lock is lost
+    assert time.monotonic() - started < LOCK_SECONDS + 2
+    free_lock_of_the_dead(held)  # what the supervisor does when it sees a worker die
+    assert slots.acquire() and not slots.acquire()
 
 
 def test_the_upload_quota_is_checked_under_a_lock_every_worker_takes(tmp_path):

@@ -3,7 +3,7 @@
 `Health.record(model_id, ok, seconds)` is called once per execution; `penalty(model_id)` (0..1) ranks a
 model that failed recently lower, decaying with time; `ewma_seconds` feeds the expected-latency factor.
 Rows live in the store's SQLite file, so a restart keeps them; reads come from an in-memory copy, which `sync`
-refreshes when another connection (another worker process of the server) has written since. A record reads
+refreshes when the file changed since (a write by this process or by another worker process of the server). A record reads
 the row, updates it and writes it back in one write transaction, so two workers never lose each other's counts.
 """
 
@@ -44,9 +44,12 @@ class ModelHealth:
 
 class Health:
     def __init__(self, conn: sqlite3.Connection, lock: threading.RLock | None = None, half_life_hours: float = 6.0,
-                 clock=time.time):
+                 clock=time.time, reader: tuple[sqlite3.Connection, threading.Lock] | None = None):
+        """conn, lock: the store's writer connection and its lock. reader: a second connection (and its lock)
+        that `sync` reads with, so a search never waits behind a write; it sees this process's writes too."""
         self.conn = conn
         self.lock = lock or threading.RLock()
+        self.reader, self.reader_lock = reader if reader is not None else (conn, self.lock)
         self.half_life_s = half_life_hours * 3600.0
         self.clock = clock
         self._version: int | None = None
@@ -57,13 +60,15 @@ class Health:
     def sync(self) -> None:
         """Take in what other connections (the server's other workers) recorded since the last look: one cheap
         PRAGMA when nothing changed."""
-        with self.lock:
-            version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        with self.reader_lock:
+            version = self.reader.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
                 return
+            rows = self.reader.execute(f"SELECT {COLUMNS} FROM health").fetchall()
             self._version = version
-            rows = self.conn.execute(f"SELECT {COLUMNS} FROM health").fetchall()
-        self._rows = {r[0]: ModelHealth(*r) for r in rows}
+        fresh = {r[0]: ModelHealth(*r) for r in rows}
+        with self.lock:
+            self._rows = fresh
 
     def record(self, model_id: str, ok: bool, seconds: float | None = None, error: str | None = None) -> None:
         """One execution of `model_id`: persisted before returning."""

@@ -179,7 +179,8 @@ class CatalogStore:
             self._w.executescript(SCHEMA)
             self._set_meta_default("schema_version", str(SCHEMA_VERSION))
         self._r = self._connect()
-        self.health = Health(self._w, self._wlock, half_life_hours=self.weights.health_half_life_hours)
+        self.health = Health(self._w, self._wlock, half_life_hours=self.weights.health_half_life_hours,
+                             reader=(self._r, self._rlock))
         self._view: IndexView | None = None
         self._rows: dict[int, dict[str, Any]] = {}  # decoded rows searches read (see `_fetch`)
         self._task_counts: dict[str, int] | None = None
@@ -414,10 +415,17 @@ class CatalogStore:
             return {}
 
     def compile_index(self) -> list[str]:
-        """Rebuild the arrays of every task whose rows changed; swap the manifest atomically. Returns the tasks."""
+        """Rebuild the arrays of every task whose rows changed; swap the manifest atomically. Returns the tasks.
+        One process at a time (an flock in the index folder): each removes the arrays its manifest does not name,
+        so two at once (a worker's start and another's Hub refresh, or a sync beside the server) could remove
+        each other's new ones."""
         if self.embedder is None:
             return []
         self.index_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(self.index_dir / "compile.lock"):
+            return self._compile_index()
+
+    def _compile_index(self) -> list[str]:
         old = self._read_manifest()
         embedder = self.meta("embedder")
         tasks = dict(old.get("tasks", {})) if old.get("embedder") == embedder else {}
@@ -716,6 +724,19 @@ def curated_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": card.id, "task": card.task, "likes": card.likes, "downloads": card.downloads, "tags": list(card.tags),
             "language": list(card.language), "description": card.description, "size_mb": card.size_mb,
             "local": row.get("local"), "library": row.get("library")}
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """An flock on `lock_file` (created if missing), held for the block; in-process only where there is no fcntl."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Windows
+        yield
+        return
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield  # closing the file drops the lock
 
 
 def open_store(config, embedder: Embedder | None = None) -> CatalogStore:
