@@ -37,12 +37,16 @@ def workers_of(pid: int) -> list[int]:
     return sorted(found)
 
 
-def alive(pid: int) -> bool:
+def state_of(pid: int) -> str:
+    """The process's state letter (R, S, T stopped, Z zombie...), "" once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
-    return state != "Z"
+        return ""
+
+
+def alive(pid: int) -> bool:
+    return state_of(pid) not in ("", "Z")
 
 
 def wait_for(check, seconds: float = 30.0, what: str = "") -> None:
@@ -91,6 +95,8 @@ def only(srv, pid: int):
     others = [p for p in workers_of(srv.proc.pid) if p != pid]
     for other in others:
         os.kill(other, signal.SIGSTOP)
+    for other in others:  # stopped for sure (kill returns before the stop), so it cannot accept meanwhile
+        wait_for(lambda other=other: state_of(other) == "T", seconds=10, what=f"worker {other} stopped")
     try:
         yield
     finally:
