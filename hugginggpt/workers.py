@@ -1,10 +1,10 @@
 """Several orchestrator processes on one port (`http_workers`): one GIL is what limits a single process.
 
 A request's own CPU is small (about 20 ms for three tasks), but it is Python holding the GIL, so at 50 requests
-at once one process queues them on its GIL while the second core idles (bench/load.py: p99 1.5-1.7x one
-request alone with one process, about 1.25x with two). The supervisor binds the listening sockets, starts
-`http_workers` processes (spawned, never forked: no threads or model sessions are copied) that all accept on
-them, and restarts a worker that dies. The workers share, through the supervisor:
+at once one process queues them on its GIL while the second core idles (bench/load.py on 2 cores: p99
+1.44-1.61x one request alone with one process, 1.23-1.40x with two; bench/README.md, round 4). The
+supervisor binds the listening sockets, starts `http_workers` processes (spawned, never forked: no threads or
+model sessions are copied) that all accept on them, and restarts a worker that dies. The workers share, through the supervisor:
 
 - admission: `max_concurrent_requests` counts every worker's requests (`SharedSlots`, one counter per worker in
   shared memory, so a dead worker's slots are given back);
