@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import io
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import BadRequest, StorageFull
+from .folderlock import locked_folder
 from .resources import KIND_DIRS, UPLOAD_TYPES, decode_image, save_bytes, sniff_mime
 
 
@@ -21,23 +19,10 @@ class UploadStore:
         self.max_pixels = max_pixels
         self._lock = threading.Lock()  # two uploads at once must not both fit the last free space
 
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """One upload at a time checks the quota and writes: in this process (the lock) and across the worker
-        processes of the server (an flock on the uploads folder)."""
-        with self._lock:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            try:
-                import fcntl
-            except ImportError:  # pragma: no cover - not on Windows, where a folder cannot be opened
-                yield
-                return
-            fd = os.open(self.folder, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # closing the descriptor drops its lock
+    def _exclusive(self):
+        """One upload at a time checks the quota and writes: in this process and across the worker processes
+        of the server."""
+        return locked_folder(self.folder, self._lock)
 
     def used_bytes(self) -> int:
         if not self.folder.is_dir():

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -57,25 +59,26 @@ class SharedSlots:
         self.held, self.index, self.limit = held, index, limit
 
     def acquire(self, blocking: bool = False) -> bool:
-        lock = self.held.get_lock()
-        if not lock.acquire(timeout=LOCK_SECONDS):  # its holder died; the supervisor frees it: refuse meanwhile
-            return False
-        try:
-            counts = self.held.get_obj()
-            if sum(counts) >= self.limit:
+        with self._counts() as counts:
+            if counts is None or sum(counts) >= self.limit:  # None: its holder died; the supervisor frees it
                 return False
             counts[self.index] += 1
             return True
-        finally:
-            lock.release()
 
     def release(self) -> None:
+        with self._counts() as counts:
+            if counts is not None:  # else the supervisor zeroes this worker's count if it dies
+                counts[self.index] = max(0, counts[self.index] - 1)
+
+    @contextmanager
+    def _counts(self) -> Iterator[Any]:
+        """The counts under their lock, or None when the lock cannot be had (its holder died holding it)."""
         lock = self.held.get_lock()
         if not lock.acquire(timeout=LOCK_SECONDS):
-            return  # the supervisor zeroes this worker's count if it dies; a live one retries on its next request
+            yield None
+            return
         try:
-            counts = self.held.get_obj()
-            counts[self.index] = max(0, counts[self.index] - 1)
+            yield self.held.get_obj()
         finally:
             lock.release()
 
@@ -122,8 +125,8 @@ def worker_limits(config: Config, workers: int):
     share stops accepting and the others take the new connections. The per-client limit is each worker's own
     (it counts the connections a worker holds; halving it would refuse a client one worker took most of)."""
     limits = config.http_limits()
-    return replace(limits, connection_limit=max(1, -(-limits.connection_limit // workers)),
-                   connections_per_client=min(limits.per_client, max(1, -(-limits.connection_limit // workers))))
+    share = max(1, -(-limits.connection_limit // workers))
+    return replace(limits, connection_limit=share, connections_per_client=min(limits.per_client, share))
 
 
 @dataclass
@@ -256,6 +259,8 @@ class Supervisor:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _watch(self, procs: list[Any], start: Any, started: dict[int, float], held: Any, metrics_dir: str) -> int:
+        from prometheus_client.multiprocess import mark_process_dead
+
         quick_deaths = [0] * len(procs)
         while not self._stop.is_set():
             wait([p.sentinel for p in procs], timeout=0.5)
@@ -266,8 +271,6 @@ class Supervisor:
                 free_lock_of_the_dead(held)
                 with held.get_lock():
                     held.get_obj()[index] = 0  # its requests died with it
-                from prometheus_client.multiprocess import mark_process_dead
-
                 mark_process_dead(proc.pid, metrics_dir)
                 quick_deaths[index] = quick_deaths[index] + 1 if lived < QUICK_DEATH_SECONDS else 0
                 if quick_deaths[index] >= 3:

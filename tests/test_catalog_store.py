@@ -97,14 +97,18 @@ def test_one_process_at_a_time_compiles_the_index(tmp_path):
     """Each compile removes the arrays its own manifest does not name: two at once (a worker starting while
     another refreshes from the Hub) could remove each other's new files."""
     import fcntl
+    import os
     import threading
 
     store = CatalogStore.open(tmp_path / "catalog.sqlite", HashEmbedder(), curated=CURATED)
     done = threading.Event()
-    with open(store.index_dir / "compile.lock", "a") as other:  # another process compiling
-        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+    other = os.open(store.index_dir, os.O_RDONLY)  # another process compiling holds the folder
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
         threading.Thread(target=lambda: [store.compile_index(), done.set()], daemon=True).start()
         assert not done.wait(0.5), "compiled while another process held the index lock"
+    finally:
+        os.close(other)
     assert done.wait(30)
     assert store.search("translation", "German", limit=3)
     store.close()

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..folderlock import locked_folder
 from .cards import ModelCard, RankQuery, card_from_row, language_fit, languages_in, words
 from .cards import popularity as card_popularity
 from .embedders import Embedder
@@ -416,13 +417,12 @@ class CatalogStore:
 
     def compile_index(self) -> list[str]:
         """Rebuild the arrays of every task whose rows changed; swap the manifest atomically. Returns the tasks.
-        One process at a time (an flock in the index folder): each removes the arrays its manifest does not name,
+        One process at a time (an flock on the index folder): each removes the arrays its manifest does not name,
         so two at once (a worker's start and another's Hub refresh, or a sync beside the server) could remove
         each other's new ones."""
         if self.embedder is None:
             return []
-        self.index_dir.mkdir(parents=True, exist_ok=True)
-        with _exclusive(self.index_dir / "compile.lock"):
+        with locked_folder(self.index_dir):
             return self._compile_index()
 
     def _compile_index(self) -> list[str]:
@@ -724,19 +724,6 @@ def curated_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": card.id, "task": card.task, "likes": card.likes, "downloads": card.downloads, "tags": list(card.tags),
             "language": list(card.language), "description": card.description, "size_mb": card.size_mb,
             "local": row.get("local"), "library": row.get("library")}
-
-
-@contextlib.contextmanager
-def _exclusive(lock_file: Path) -> Iterator[None]:
-    """An flock on `lock_file` (created if missing), held for the block; in-process only where there is no fcntl."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on Windows
-        yield
-        return
-    with open(lock_file, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        yield  # closing the file drops the lock
 
 
 def open_store(config, embedder: Embedder | None = None) -> CatalogStore:
