@@ -3,8 +3,9 @@
 `Health.record(model_id, ok, seconds)` is called once per execution; `penalty(model_id)` (0..1) ranks a
 model that failed recently lower, decaying with time; `ewma_seconds` feeds the expected-latency factor.
 Rows live in the store's SQLite file, so a restart keeps them; reads come from an in-memory copy, which `sync`
-refreshes when the file changed since (a write by this process or by another worker process of the server). A record reads
-the row, updates it and writes it back in one write transaction, so two workers never lose each other's counts.
+refreshes when the file changed since (a write by this process or by another worker process of the server).
+A record reads the row, updates it and writes it back in one write transaction, so two workers never lose
+each other's counts.
 """
 
 from __future__ import annotations
