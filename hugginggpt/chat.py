@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .admission import Admission, local_slots
 from .backends import Backend
 from .backends.local import LocalModelsServer
 from .catalog import Catalog, KeywordRanker, Ranker
@@ -82,6 +83,9 @@ class HuggingGPT:
             allowed=config.allowed_models, denied=config.denied_models,
         )
         self.metrics = Metrics()  # this engine's own registry: GET /metrics
+        # max_concurrent_requests, for every door (HTTP, /v1, MCP, Gradio); a worker process swaps in the slots
+        # it shares with the other workers (`workers.SharedSlots`)
+        self.admission: Admission = local_slots(config.max_concurrent_requests)
         self.executor = Executor(config, self.backends, self.url_policy, observe_model=self.metrics.model_call)
         self.selection_threads = ContextThreadPool(max_workers=max(16, 4 * config.max_concurrent_requests),
                                                    thread_name_prefix="select")

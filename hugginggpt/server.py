@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flask import Flask, Response, g, jsonify, request, send_from_directory
 from flask_cors import CORS
@@ -28,6 +28,7 @@ from flask_cors.core import get_cors_options, get_cors_origins
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .access import bearer_ok, bearer_token, send_public_file
+from .admission import Admission
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
@@ -58,19 +59,12 @@ def error_response(message: str, status: int, kind: str) -> Response:
     return resp
 
 
-class Admission(Protocol):
-    """Slots for pipeline requests: `threading.BoundedSemaphore` in one process, `workers.SharedSlots` across the
-    worker processes of one server."""
-
-    def acquire(self, blocking: bool = ...) -> bool: ...
-
-    def release(self) -> None: ...
-
-
 def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admission | None = None) -> Flask:
     """One app per config; tests start several side by side. `admission`: the slots of max_concurrent_requests
     (shared by the workers of one server; this app's own when None)."""
     engine = engine or HuggingGPT(config)
+    if admission is not None:
+        engine.admission = admission  # every door of this app (routes, /v1, /mcp) draws from these slots
     public = config.public_dir.resolve()
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
@@ -151,7 +145,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
             raise BadRequest(f"the request body must be JSON, {example}; this is not valid JSON") from None
         return body
 
-    slots = admission if admission is not None else threading.BoundedSemaphore(config.max_concurrent_requests)
+    slots = engine.admission
 
     def admitted(run: Callable[[], Response]) -> Response:
         """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue."""

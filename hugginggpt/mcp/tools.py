@@ -12,8 +12,7 @@ import contextlib
 import json
 import logging
 import re
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +23,7 @@ from mcp_types import AudioContent, CallToolResult, ContentBlock, ImageContent, 
 from pydantic import Field, ValidationError
 
 from .. import __version__
+from ..admission import admitted
 from ..chat import ChatRequest, HuggingGPT, RequestState, validate_messages
 from ..errors import BadRequest, Forbidden, HuggingGPTError, PlanError
 from ..plan import PlanParseError, tasks_from_json
@@ -60,18 +60,11 @@ class Tools:
         self.config = engine.config
         self.public = self.config.public_dir.resolve()
         self.uploads = UploadStore(self.public, self.config.upload_quota_bytes, self.config.max_image_pixels)
-        # MCP calls are admitted like HTTP requests: past max_concurrent_requests a call is refused at once.
-        self.slots = threading.BoundedSemaphore(self.config.max_concurrent_requests)
 
-    @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
-        if not self.slots.acquire(blocking=False):
-            raise HuggingGPTError(f"the server is running {self.config.max_concurrent_requests} requests "
-                                  "(max_concurrent_requests); retry shortly")
-        try:
-            yield
-        finally:
-            self.slots.release()
+    def admitted(self) -> contextlib.AbstractContextManager[None]:
+        """A slot of the engine's one admission (the HTTP routes' too): past max_concurrent_requests a call is
+        refused at once."""
+        return admitted(self.engine.admission, self.config.max_concurrent_requests)
 
     # -- inputs --------------------------------------------------------------------------------------
 
