@@ -62,6 +62,13 @@ class ReleaseWhenAll:
         self._waiting = set(parties)
         self._lock = threading.Lock()
 
+    def add(self, party: str) -> None:
+        """One more party to wait for (before the slot was given back)."""
+        with self._lock:
+            if not self._waiting:
+                raise RuntimeError("the slot was given back already")
+            self._waiting.add(party)
+
     def done(self, party: str) -> None:
         with self._lock:
             if party not in self._waiting:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import cancel
 from .admission import Admission, local_slots
 from .backends import Backend
 from .backends.local import LocalModelsServer
@@ -179,15 +180,19 @@ class HuggingGPT:
         if state_ready:
             state_ready(state)
         token = REQUEST_ID.set(request.request_id)  # every log line of this request names it, on any thread
+        cancel_token = cancel.CURRENT.set(state.cancel_token)  # and its I/O, on any thread, stops on cancel()
         self.metrics.in_flight.inc()
         started, outcome = time.perf_counter(), "error"
         try:
             result = self._run(state, mode)
-            outcome = "cancelled" if state.cancelled.is_set() else "ok"
+            outcome = "ok"
             return result
         finally:
+            if state.cancelled.is_set():
+                outcome = "cancelled"
             self.metrics.in_flight.dec()
             self.metrics.request_seconds.labels(mode, outcome).observe(time.perf_counter() - started)
+            cancel.CURRENT.reset(cancel_token)
             REQUEST_ID.reset(token)
 
     def _stage(self, name: str, started: float) -> None:

@@ -51,7 +51,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
-        "http_idle_timeout", "http_connections_per_client", "models_server_hosts")},
+        "http_idle_timeout", "http_connections_per_client", "models_server_hosts", "allowed_hosts")},
 }
 
 
@@ -199,6 +199,7 @@ class Config:
     url_allowlist: tuple[str, ...] = ()  # hosts / CIDRs that user-named URLs may reach despite the policy
     allow_request_endpoints: bool = True  # may a request name its own api_endpoint?
     api_tokens: tuple[str, ...] = ()  # empty: no Authorization required
+    allowed_hosts: tuple[str, ...] = ()  # names clients use for this server without api_tokens (Host check)
     models_server_token: str | None = None
     models_server_hosts: tuple[str, ...] = ()  # names clients use for a models server without a token (Host check)
     cors_origins: tuple[str, ...] = ()  # empty: same origin and localhost only
@@ -497,6 +498,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
                          if not t.startswith(PLACEHOLDER_PREFIX)),
         models_server_token=_secret(_get(data, "models_server_token")) or _secret(env.get("HUGGINGGPT_MODELS_TOKEN")),
         cors_origins=_strings(data, "cors_origins", path),
+        allowed_hosts=_strings(data, "allowed_hosts", path),
         models_server_hosts=_strings(data, "models_server_hosts", path),
         upload_quota_bytes=int(_typed(data, "upload_quota_mb", float, 1024.0, path) * 1024 * 1024),
         max_image_pixels=_typed(data, "max_image_pixels", int, 40_000_000, path),

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import openai
 
+from . import cancel
 from .config import API_TYPES, LLMSettings
 from .errors import BadRequest, DeadlineExceeded, Forbidden, LLMError, ResourceError
 from .textsafe import clean_text
@@ -374,7 +375,11 @@ class LLMClient:
                     raise DeadlineExceeded(f"the request's deadline passed before {self.describe} answered")
                 timeout = min(timeout, left)
             try:
-                return attempt(timeout)
+                try:
+                    return attempt(timeout)
+                except Exception:
+                    cancel.check(f"the call to {self.describe}")  # a cancelled request's call broke off on purpose
+                    raise
             except _CallbackFailed as exc:  # our own code failed, not the LLM: its error, status and all
                 raise exc.error from exc.error.__cause__
             except (LLMError, DeadlineExceeded, _SchemaRejected):
@@ -409,7 +414,7 @@ class LLMClient:
                 raise DeadlineExceeded(f"{self.describe} kept failing until the request's deadline")
             log.warning("%s: retrying in %.1fs (attempt %d of %d)", self.describe_for_log, wait, tries + 1,
                         self.settings.max_retries + 1)
-            time.sleep(wait)
+            cancel.sleep(wait)
 
     def _status_message(self, exc: openai.APIStatusError) -> str:
         """An endpoint the request chose gets no echo of its error body (it could be any internal service)."""

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextvars
 import json
 import logging
 import queue
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .config import Config
 from .errors import BadRequest, HuggingGPTError, NotFound
 from .request import generated_files as files_of_results
 from .resources import decode_data_uri, fetch_url
+from .streamwork import StreamWork
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
@@ -174,7 +173,7 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
     def _stream(req: ChatRequest, mode: str, model: str) -> Response:
         engine.llm_for(req)  # fail fast (4xx) before the stream starts
         events: queue.Queue = queue.Queue()
-        holder: dict[str, RequestState] = {}
+        work = StreamWork(req.request_id)
         base_url = request.host_url
         disconnected = request.environ.get("waitress.client_disconnected")
 
@@ -182,9 +181,9 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
             if name == "answer_token":
                 events.put(("token", event.get("text", "")))
 
-        def work() -> None:
+        def run() -> None:
             try:
-                result = engine.run(req, mode, on_event=listen, state_ready=lambda s: holder.setdefault("state", s))
+                result = engine.run(req, mode, on_event=listen, state_ready=work.state_ready)
                 events.put(("done", _content(result, mode)))
             except HuggingGPTError as exc:
                 events.put(("error", {"message": str(exc), "type": exc.kind, "param": None, "code": None}))
@@ -193,8 +192,7 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                 events.put(("error", {"message": f"internal error ({exc.__class__.__name__})", "type": "server_error",
                                       "param": None, "code": None}))
 
-        threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"v1-{req.request_id}",
-                         daemon=True).start()
+        work.start(run, g.get("slot"), f"v1-{req.request_id}")
 
         def generate() -> Iterator[str]:
             sent, completed = "", False
@@ -219,16 +217,15 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                     else:
                         completed = True
                         rest = value[len(sent):] if value.startswith(sent) else ("\n\n" + value if sent else value)
-                        rest += files_markdown(generated_files(holder.get("state")), base_url)
+                        rest += files_markdown(generated_files(work.state), base_url)
                         if rest:
                             yield chunk(req.request_id, model, {"content": rest})
                         yield chunk(req.request_id, model, {}, "stop")
                         yield "data: [DONE]\n\n"
                         return
             finally:
-                if not completed and "state" in holder:
-                    log.info("client went away; cancelling")
-                    holder["state"].cancel()
+                if not completed:
+                    work.cancel()
 
         return Response(generate(), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -12,6 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cancel import CancelToken
 from .errors import BadRequest, LLMError
 from .llm import DeadlineLLM, LLMClient
 from .plan import Task
@@ -156,7 +157,9 @@ class RequestState:
         self.executes = True  # the tasks will run (False for plan-only and decisions-only requests)
         self.scheduler: Scheduler | None = None  # the running round's, for cancel()
         self.outcomes: dict[int, Outcome] = {}  # the last round's, with start and finish times
-        self.cancelled = threading.Event()
+        # cancel() stops the request's I/O in flight too (see cancel.py); `cancelled` is its event
+        self.cancel_token = CancelToken()
+        self.cancelled = self.cancel_token.event
         self.sealed = False  # set under `lock` when execution ends: late task results are dropped
         self._held: list[tuple[str, dict[str, Any]]] | None = None
         self._held_lock = threading.RLock()  # also orders delivery: events reach the listener one at a time
@@ -201,7 +204,7 @@ class RequestState:
             log.exception("[%s] event listener failed", self.request.request_id)
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        self.cancel_token.cancel()
         if self.scheduler is not None:
             self.scheduler.cancel()
 

@@ -8,14 +8,12 @@ before it runs.
 
 from __future__ import annotations
 
-import contextvars
 import errno
 import json
 import logging
 import math
 import queue
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -27,9 +25,9 @@ from flask_cors import CORS
 from flask_cors.core import get_cors_options, get_cors_origins
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .access import bearer_ok, bearer_token, send_public_file
-from .admission import Admission
-from .chat import ChatRequest, HuggingGPT, RequestState
+from .access import allowed_host_names, bearer_ok, bearer_token, host_allowed, host_name, send_public_file
+from .admission import Admission, ReleaseWhenAll
+from .chat import ChatRequest, HuggingGPT
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
 from .mcp.mount import mount as mount_mcp
@@ -39,6 +37,7 @@ from .openai_api import register as register_openai_routes
 from .request import search_query
 from .requestctx import HEADER as REQUEST_ID_HEADER
 from .requestctx import request_id_from_header
+from .streamwork import StreamWork
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
@@ -86,9 +85,17 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     metrics = engine.metrics
 
+    host_names = allowed_host_names(config.http_host, config.allowed_hosts)
+
     @app.before_request
     def guard() -> None:
         g.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
+        if not config.api_tokens and not host_allowed(request.headers.get("Host"), host_names):
+            # DNS rebinding: a web page whose name now resolves to this machine is same-origin with it in the
+            # browser, so without a token only the names this server is known by are answered
+            raise Forbidden(f"this server does not answer to the host name "
+                            f"{host_name(request.headers.get('Host'))[:100]!r}; add it to allowed_hosts in its "
+                            "config (or set api_tokens)")
         if request.method == "OPTIONS" or request.path not in API_ROUTES:
             return
         origin = request.headers.get("Origin")
@@ -148,19 +155,21 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     slots = engine.admission
 
     def admitted(run: Callable[[], Response]) -> Response:
-        """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue."""
+        """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue.
+        The slot is given back when the response is closed and, for a stream, its work has ended (`g.slot`)."""
         if not slots.acquire(blocking=False):
             metrics.rejected.inc()
             resp = error_response(f"the server is running {config.max_concurrent_requests} requests "
                                   "(max_concurrent_requests); retry shortly", 429, "rate_limit_error")
             resp.headers["Retry-After"] = "1"
             return resp
+        g.slot = slot = ReleaseWhenAll(slots, "response")
         try:
             resp = run()
         except BaseException:
-            slots.release()
+            slot.done("response")
             raise
-        resp.call_on_close(slots.release)  # a stream holds its slot until the client has it all (or leaves)
+        resp.call_on_close(lambda: slot.done("response"))  # a stream: once the client has it all (or leaves)
         return resp
 
     def handle(path: str) -> Response:
@@ -183,13 +192,13 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     def stream(chat_request: ChatRequest, mode: str) -> Response:
         engine.llm_for(chat_request)  # fail fast (400) on bad overrides before the stream starts
         events: queue.Queue = queue.Queue()
-        holder: dict[str, RequestState] = {}
+        work = StreamWork(chat_request.request_id)
         disconnected = request.environ.get("waitress.client_disconnected")
 
-        def work() -> None:
+        def run() -> None:
             try:
                 result = engine.run(chat_request, mode, on_event=lambda name, e: events.put(e),
-                                    state_ready=lambda s: holder.setdefault("state", s))
+                                    state_ready=work.state_ready)
                 if mode != "answer" or "message" not in (result if isinstance(result, dict) else {}):
                     events.put({"event": "result", "request_id": chat_request.request_id, "result": result})
             except HuggingGPTError as exc:
@@ -202,8 +211,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
             finally:
                 events.put(None)
 
-        threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"req-{chat_request.request_id}",
-                         daemon=True).start()
+        work.start(run, g.get("slot"), f"req-{chat_request.request_id}")
 
         def generate() -> Iterator[str]:
             completed = False
@@ -223,9 +231,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                         return
                     yield f"event: {event['event']}\ndata: {json.dumps(event, ensure_ascii=False, default=str)}\n\n"
             finally:
-                if not completed and "state" in holder:
-                    log.info("[%s] client went away; cancelling", chat_request.request_id)
-                    holder["state"].cancel()
+                if not completed:
+                    work.cancel()
 
         return Response(generate(), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -11,14 +11,16 @@ is checked here too, and its client connects only to the checked address (`Pinne
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import ipaddress
+import math
 import re
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -27,6 +29,7 @@ import httpcore2
 import urllib3
 import urllib3.connection
 
+from . import cancel
 from .errors import ResourceError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -300,13 +303,17 @@ _scope = threading.local()
 
 
 class _Watch:
-    """The sockets one deadline scope used; shut down when the deadline passes first."""
+    """The sockets one deadline scope used; shut down when the deadline passes first, or when the request is
+    cancelled. httpx2 streams (`using`) are shut down only on a cancel: at the deadline their clamped
+    timeouts end them exactly, with a timeout error that says so."""
 
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.fired = False
+        self.cancelled = False
         self.done = False
         self._sockets: list[socket.socket] = []
+        self._in_use: list[socket.socket] = []
         self._lock = threading.Lock()
 
     def register(self, sock: socket.socket | None) -> None:
@@ -319,7 +326,27 @@ class _Watch:
                 return
         _shutdown(sock)
 
+    @contextmanager
+    def using(self, sock: socket.socket | None) -> Iterator[None]:
+        """`sock` is shut down if the request is cancelled while the block runs (only then: a pooled connection
+        may serve another request next)."""
+        if sock is not None:
+            with self._lock:
+                cancelled = self.cancelled
+                if not cancelled:
+                    self._in_use.append(sock)
+            if cancelled:
+                _shutdown(sock)
+        try:
+            yield
+        finally:
+            if sock is not None:
+                with self._lock:
+                    if sock in self._in_use:
+                        self._in_use.remove(sock)
+
     def fire(self) -> None:
+        """The deadline passed."""
         with self._lock:
             if self.done:
                 return
@@ -328,10 +355,22 @@ class _Watch:
         for sock in sockets:
             _shutdown(sock)
 
+    def cancel(self) -> None:
+        """The request was cancelled: every socket of the scope is shut down, those of httpx2 streams too."""
+        with self._lock:
+            if self.done:
+                return
+            self.cancelled = True
+            in_use, self._in_use = self._in_use, []
+        self.fire()
+        for sock in in_use:
+            _shutdown(sock)
+
     def finish(self) -> None:
         with self._lock:
             self.done = True
             self._sockets = []
+            self._in_use = []
 
 
 def _shutdown(sock: socket.socket) -> None:
@@ -380,19 +419,25 @@ _WATCHDOG = _Watchdog()
 
 @contextmanager
 def deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
-    """Outbound I/O of this thread inside the block ends by `deadline` (the earlier one when scopes nest)."""
+    """Outbound I/O of this thread inside the block ends by `deadline` (the earlier one when scopes nest), or
+    when this thread's request is cancelled (`cancel.CURRENT`): its sockets are shut down then."""
     outer = getattr(_scope, "watch", None)
+    token = cancel.current()
     if deadline is None:
-        yield outer
-        return
-    if outer is not None and outer.deadline <= deadline:
+        if outer is not None or token is None:
+            yield outer
+            return
+        deadline = math.inf  # no deadline, but a request that may be cancelled: a watch for its sockets
+    elif outer is not None and outer.deadline <= deadline:
         yield outer
         return
     watch = _Watch(deadline)
-    _WATCHDOG.add(watch)
+    if deadline != math.inf:
+        _WATCHDOG.add(watch)
     _scope.watch = watch
     try:
-        yield watch
+        with token.hooked(watch.cancel) if token is not None else nullcontext():
+            yield watch
     finally:
         watch.finish()
         _scope.watch = outer
@@ -400,7 +445,7 @@ def deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
 
 def current_deadline() -> float | None:
     watch = getattr(_scope, "watch", None)
-    return watch.deadline if watch is not None else None
+    return watch.deadline if watch is not None and watch.deadline != math.inf else None
 
 
 def _register_socket(sock: socket.socket | None) -> None:
@@ -456,6 +501,8 @@ class _DeadlineStream(httpcore2.NetworkStream):
 
     @staticmethod
     def _clamp(timeout: float | None, exc: type[Exception]) -> float | None:
+        if cancel.cancelled():
+            raise exc("the request was cancelled")
         deadline = current_deadline()
         if deadline is None:
             return timeout
@@ -464,11 +511,21 @@ class _DeadlineStream(httpcore2.NetworkStream):
             raise exc("the request's deadline passed")
         return left if timeout is None else min(timeout, left)
 
+    def _watched(self) -> contextlib.AbstractContextManager[None]:
+        """While it reads or writes, the socket is in the thread's scope, so a cancel (or the watchdog) can
+        wake a blocked call at once."""
+        watch = getattr(_scope, "watch", None)
+        return watch.using(self._inner.get_extra_info("socket")) if watch is not None else nullcontext()
+
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, self._clamp(timeout, httpcore2.ReadTimeout))
+        timeout = self._clamp(timeout, httpcore2.ReadTimeout)
+        with self._watched():
+            return self._inner.read(max_bytes, timeout)
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, self._clamp(timeout, httpcore2.WriteTimeout))
+        timeout = self._clamp(timeout, httpcore2.WriteTimeout)
+        with self._watched():
+            self._inner.write(buffer, timeout)
 
     def close(self) -> None:
         self._inner.close()
