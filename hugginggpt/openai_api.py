@@ -26,7 +26,7 @@ from .config import Config
 from .errors import BadRequest, HuggingGPTError, NotFound
 from .request import generated_files as files_of_results
 from .resources import decode_data_uri, fetch_url
-from .streamwork import StreamWork
+from .streamwork import DisconnectWatch, StreamWork
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,8 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
              request_id: Callable[[], str]) -> None:
     """Mount the routes; `admitted` applies the server's admission limit, `read_body` its JSON checks."""
 
+    disconnects = DisconnectWatch()
+
     @app.get("/v1/models")
     def models() -> Response:
         return jsonify({"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hugginggpt"}
@@ -165,10 +167,10 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
         req, mode, model = chat_request(body, uploads, config, request_id())
         if body.get("stream") is True:
             return _stream(req, mode, model)
-        holder: dict[str, RequestState] = {}
-        result = engine.run(req, mode, state_ready=lambda s: holder.setdefault("state", s))
-        content = _content(result, mode) + files_markdown(generated_files(holder.get("state")), request.host_url)
-        return jsonify(completion(req.request_id, model, content, _usage(holder.get("state"))))
+        with disconnects.watching(request.environ.get("waitress.client_disconnected"), req.request_id) as work:
+            result = engine.run(req, mode, state_ready=work.state_ready)
+        content = _content(result, mode) + files_markdown(generated_files(work.state), request.host_url)
+        return jsonify(completion(req.request_id, model, content, _usage(work.state)))
 
     def _stream(req: ChatRequest, mode: str, model: str) -> Response:
         engine.llm_for(req)  # fail fast (4xx) before the stream starts

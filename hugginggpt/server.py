@@ -37,7 +37,7 @@ from .openai_api import register as register_openai_routes
 from .request import search_query
 from .requestctx import HEADER as REQUEST_ID_HEADER
 from .requestctx import request_id_from_header
-from .streamwork import StreamWork
+from .streamwork import DisconnectWatch, StreamWork
 from .uploads import UploadStore
 
 log = logging.getLogger(__name__)
@@ -172,6 +172,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         resp.call_on_close(lambda: slot.done("response"))  # a stream: once the client has it all (or leaves)
         return resp
 
+    disconnects = DisconnectWatch()
+
     def handle(path: str) -> Response:
         return admitted(lambda: answer(path))
 
@@ -187,7 +189,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                 raise BadRequest(f"`{flag}` must be true or false")
         if body.get("stream") is True:
             return stream(chat_request, mode)
-        return jsonify(engine.run(chat_request, mode))
+        with disconnects.watching(request.environ.get("waitress.client_disconnected"), chat_request.request_id) as work:
+            return jsonify(engine.run(chat_request, mode, state_ready=work.state_ready))
 
     def stream(chat_request: ChatRequest, mode: str) -> Response:
         engine.llm_for(chat_request)  # fail fast (400) on bad overrides before the stream starts

@@ -1,4 +1,4 @@
-"""The pipeline of one streamed request, on a thread of its own, stopped when its client leaves.
+"""The pipeline of one request stopped when its client leaves: streamed (on a thread of its own) or not.
 
 A stream's client may leave at any time. Its request is then cancelled (`RequestState.cancel`: the LLM and
 models-server calls in flight are cut, see cancel.py), and the admission slot it holds is given back only when
@@ -7,10 +7,12 @@ that work has really ended, so `max_concurrent_requests` counts the work that ru
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from .admission import ReleaseWhenAll
 from .request import RequestState
@@ -58,3 +60,52 @@ class StreamWork:
                     slot.done("work")
 
         threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
+
+
+class DisconnectWatch:
+    """Requests answered in one piece have no stream to fail when their client leaves: one thread per app
+    checks their connections (waitress's `client_disconnected`) a few times a second and cancels the work of
+    those whose client went away."""
+
+    def __init__(self, period: float = 0.5):
+        self.period = period
+        self._watched: dict[int, tuple[Callable[[], bool], StreamWork]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, disconnected: Callable[[], bool] | None, request_id: str) -> Iterator[StreamWork]:
+        """A StreamWork (its `state_ready` for `HuggingGPT.run`) cancelled if `disconnected()` turns true while
+        the block runs. Without `disconnected` (another WSGI server), nothing is watched."""
+        work = StreamWork(request_id)
+        if disconnected is None:
+            yield work
+            return
+        key = id(work)
+        with self._lock:
+            self._watched[key] = (disconnected, work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="disconnect-watch", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        try:
+            yield work
+        finally:
+            with self._lock:
+                self._watched.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._watched:
+                    self._wake.wait()
+                watched = list(self._watched.values())
+            for disconnected, work in watched:
+                try:
+                    gone = disconnected()
+                except Exception:  # noqa: BLE001 - a closed channel may fail to say; then it is gone
+                    gone = True
+                if gone:
+                    work.cancel()
+            time.sleep(self.period)

@@ -152,6 +152,19 @@ def test_a_stream_client_that_leaves_stops_its_work(held_server, silent_llm, pat
     assert "client went away" in held_server.logs()
 
 
+@pytest.mark.parametrize("path", list(STREAMS))
+def test_a_client_that_leaves_a_request_answered_in_one_piece_stops_its_work_too(held_server, silent_llm, path):
+    wait_for("the LLM is still held from before", lambda: silent_llm.open == 0)
+    host, port = held_server.url.removeprefix("http://").split(":")
+    body = json.dumps({**STREAMS[path], "stream": False}).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for("the request never reached the LLM", lambda: silent_llm.open == 1)
+    wait_for("the LLM call of a request whose client left was not closed", lambda: silent_llm.open == 0, 8)
+    wait_for("the request still runs after its client left", lambda: in_flight(held_server.url) == 0, 8)
+
+
 def test_slots_come_back_only_when_the_work_has_stopped(held_server, silent_llm):
     """12 clients, one every 0.6 s, each leaving at once: never more requests at the LLM than slots."""
     wait_for("the LLM is still held from before", lambda: silent_llm.open == 0)
