@@ -1,0 +1,68 @@
+"""StreamWork and ReleaseWhenAll on their own: a stream's admission slot comes back only when both its response
+is closed and its work has ended, in whichever order those happen (the HTTP tests can't hold the work open:
+a cancel cuts it within milliseconds)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hugginggpt.admission import Busy, ReleaseWhenAll, admitted, local_slots, take
+
+
+def free(slots) -> bool:
+    if slots.acquire(blocking=False):
+        slots.release()
+        return True
+    return False
+
+
+@pytest.mark.parametrize("work_ends_first", [True, False])
+def test_the_slot_comes_back_when_the_response_and_the_work_are_both_done(work_ends_first):
+    from hugginggpt.streamwork import StreamWork
+
+    slots = local_slots(1)
+    take(slots, 1)
+    slot = ReleaseWhenAll(slots, "response")
+    go, ended = threading.Event(), threading.Event()
+    StreamWork("r1").start(lambda: (go.wait(10), ended.set()), slot, "test-work")
+    if work_ends_first:
+        go.set()
+        assert ended.wait(10)
+        threading.Event().wait(0.05)  # the thread's finally runs after the body
+        assert not free(slots), "the slot came back while the client was still being answered"
+        slot.done("response")
+    else:
+        slot.done("response")  # the client left; the work goes on for a while
+        threading.Event().wait(0.1)
+        assert not free(slots), "the slot came back while the work still ran"
+        go.set()
+        assert ended.wait(10)
+        threading.Event().wait(0.05)
+    assert free(slots)
+
+
+def test_a_stream_cancelled_before_its_state_exists_is_cancelled_when_it_does():
+    from hugginggpt.streamwork import StreamWork
+
+    class State:
+        cancelled = False
+
+        def cancel(self):
+            self.cancelled = True
+
+    work = StreamWork("r2")
+    work.cancel()
+    state = State()
+    work.state_ready(state)
+    assert state.cancelled and work.state is state
+
+
+def test_busy_is_a_429_naming_the_setting():
+    slots = local_slots(1)
+    with admitted(slots, 1):
+        with pytest.raises(Busy) as caught, admitted(slots, 1):
+            pass
+    assert caught.value.status == 429 and "max_concurrent_requests" in str(caught.value)
+    assert free(slots)
