@@ -93,6 +93,9 @@ def models(models_server) -> FakeModels:
     fake, _ = models_server
     fake.models = dict(DEFAULT_MODELS)
     fake.delays.clear()
+    for gate in fake.gates.values():
+        gate.set()
+    fake.gates.clear()
     fake.broken.clear()
     fake.calls.clear()
     fake.status_calls.clear()

@@ -223,10 +223,11 @@ def test_completion_mode(tmp_path, llm, models_server, public_dir):
 
 def test_request_deadline_reports_what_finished(tmp_path, llm, models, models_server, public_dir):
     _, models_url = models_server
-    config = write_config(tmp_path, llm.base_url, models_url, public_dir, request_timeout=1.5, semantic_ranking=False)
+    # wide margins for a busy machine: the quick task has 8 s; the slow one never answers until the test ends
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, request_timeout=8, semantic_ranking=False)
     srv = start_server(config, tmp_path)
+    slow = models.gates["stabilityai/stable-diffusion-xl-base-1.0"] = threading.Event()
     try:
-        models.delays["stabilityai/stable-diffusion-xl-base-1.0"] = 3.0
         llm.on("parse_task", plan(("text-to-image", [-1], {"text": "slow"}),
                                   ("token-classification", [-1], {"text": "Anna"})))
         resp = srv.post("/results", ask("go"))
@@ -235,8 +236,11 @@ def test_request_deadline_reports_what_finished(tmp_path, llm, models, models_se
         assert "deadline" in results["0"]["inference result"]["error"]["message"]
         assert "error" not in results["1"]["inference result"]
     finally:
+        slow.set()
         stop_server(srv)
-        requests.get(models_url + "/running", timeout=5)
+        deadline = time.monotonic() + 10  # the held call ends here, not in the next test's records
+        while not any(c["model"].startswith("stabilityai") for c in models.calls) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def test_past_max_concurrent_requests_a_client_gets_429_not_a_queue(tmp_path, llm, models, models_server, public_dir):

@@ -29,6 +29,7 @@ class FakeModels:
     public: Path
     models: dict[str, str] = field(default_factory=dict)  # id -> task
     delays: dict[str, float] = field(default_factory=dict)
+    gates: dict[str, threading.Event] = field(default_factory=dict)  # a call waits until its model's gate opens
     broken: set[str] = field(default_factory=set)
     calls: list[dict[str, Any]] = field(default_factory=list)
     status_calls: list[str] = field(default_factory=list)
@@ -88,6 +89,9 @@ class FakeModels:
             if model_id not in self.models:
                 return jsonify({"error": {"message": f"unknown model {model_id}"}}), 404
             time.sleep(self.delays.get(model_id, 0.0))
+            gate = self.gates.get(model_id)
+            if gate is not None:
+                gate.wait(60)
             if model_id in self.broken:
                 result: Any = {"error": {"message": f"{model_id} crashed (scripted)"}}
                 code = 500
