@@ -88,6 +88,12 @@ class HuggingGPT:
         # it shares with the other workers (`workers.SharedSlots`)
         self.admission: Admission = local_slots(config.max_concurrent_requests)
         self.executor = Executor(config, self.backends, self.url_policy, observe_model=self.metrics.model_call)
+        hosted = self.backends.get("huggingface")
+        if hasattr(hosted, "observe_provider"):  # each Inference Provider call, by provider (bounded labels)
+            from .backends.hosted import ENDPOINT, known_providers
+
+            self.metrics.known_providers = frozenset((*known_providers(), ENDPOINT))
+            hosted.observe_provider = self.metrics.provider_call
         self.selection_threads = ContextThreadPool(max_workers=max(16, 4 * config.max_concurrent_requests),
                                                    thread_name_prefix="select")
 
@@ -119,6 +125,8 @@ class HuggingGPT:
         store = open_store(self.config, SemanticEmbedder.from_ranker(self.ranker, self.catalog.cards) if semantic
                            else HashEmbedder())
         self.catalog_store = store
+        if self.config.huggingface_providers:  # a model only other providers serve is not hosted here
+            store.allowed_providers = frozenset(self.config.huggingface_providers)
         self.executor.health = store.health
         self.selector.use_store(store)
         log.info("catalog store %s: %d models in %d tasks", store.path, store.count(), len(store.tasks()))

@@ -29,7 +29,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
     "openai": ("api_key", "base_url"),
     "azure": ("api_key", "base_url", "deployment_name", "api_version"),
     "local": ("endpoint", "api_key"),
-    "huggingface": ("token", "base_url"),
+    "huggingface": ("token", "base_url", "providers", "router_url"),
     "http_listen": ("host", "port"),
     "local_inference_endpoint": ("host", "port"),
     "logit_bias": ("parse_task", "choose_model"),
@@ -142,6 +142,8 @@ class Config:
     llm: LLMSettings
     huggingface_token: str | None = None
     huggingface_base_url: str | None = None
+    huggingface_providers: tuple[str, ...] = ()  # Inference Providers allowed, in order; empty: auto (the Hub's order)
+    huggingface_router_url: str | None = None  # the Hub's router; None: https://router.huggingface.co
     inference_mode: str = "hybrid"
     local_deployment: str = "full"
     device: str = "cpu"
@@ -304,6 +306,41 @@ def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: 
     return value
 
 
+def _providers(data: dict, path: Path) -> tuple[str, ...]:
+    """`huggingface.providers`: auto (empty: the order the user set on the Hub) or a list of provider names."""
+    value = _get(data, "huggingface.providers", "auto")
+    if value == "auto":
+        return ()
+    from .backends.hosted import known_providers
+
+    known = known_providers()
+    if isinstance(value, str) and value.strip():
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{path}: `huggingface.providers` must be auto or a list of Inference Providers "
+                          f"({', '.join(known)}), got {value!r}")
+    names = tuple(dict.fromkeys(v.strip() for v in value))
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"{path}: `huggingface.providers` names {name!r}, which is not an Inference Provider"
+                              f"{hint} (known: auto, {', '.join(known)})")
+    if _get(data, "huggingface.base_url"):
+        raise ConfigError(f"{path}: `huggingface.providers` cannot be used with `huggingface.base_url` (an own "
+                          "endpoint serves its models itself): remove one of them")
+    return names
+
+
+def _url(data: dict, key: str, path: Path) -> str | None:
+    value = _get(data, key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ConfigError(f"{path}: `{key}` must be an http(s) URL, got {value!r}")
+    return value.rstrip("/")
+
+
 def _authors(data: dict, key: str, path: Path) -> tuple[str, ...]:
     """A list of Hub authors / organisations (the owner part of `owner/name`)."""
     from .modelhost.discover import name_problem
@@ -458,6 +495,8 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         llm=_llm_settings(data, path, env) if need_llm else LLMSettings(api_type=None),
         huggingface_token=token,
         huggingface_base_url=_get(data, "huggingface.base_url"),
+        huggingface_providers=_providers(data, path),
+        huggingface_router_url=_url(data, "huggingface.router_url", path),
         inference_mode=inference_mode,
         local_deployment=_choice(data, "local_deployment", DEPLOYMENTS, "full", path),
         device=str(_get(data, "device", "cpu")),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from .backends import Backend, TaskInputs
+from .backends import Backend, HostedFailure, TaskInputs
 from .catalog.health import Health
 from .choose import ready_to_start, selection_at_start
 from .config import Config
@@ -82,43 +82,63 @@ class Executor:
     def _run_on_models(self, state: RequestState, task: Task, sel: Selection, inputs: TaskInputs) -> dict[str, Any]:
         """The chosen model, then the other available candidates, until one succeeds."""
         tried: list[dict[str, str]] = []
+        refused: set[str] = set()  # backends whose account was refused (a bad token, no credits): not tried again
+        skipped = 0
         for model_id, backend_name in sel.fallbacks():
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
+            if backend_name in refused:
+                skipped += 1
+                continue
             started = time.perf_counter()
+            attempts: list[dict[str, str]] = []
             try:
                 with deadline_scope(state.deadline):  # the request's deadline bounds every read of the call
                     result = backend.infer(model_id, inputs)
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
+                if isinstance(exc, HostedFailure):  # which providers were tried, and why each failed
+                    attempts = exc.tried
+                    if exc.final:
+                        refused.add(backend_name)
             seconds = time.perf_counter() - started
             if self.observe_model is not None:
                 self.observe_model(model_id, backend_name, "error" not in result, seconds)
-            self._record(state, model_id, result, seconds)
+            # a refused account (bad token, no credits) says nothing about the model's health
+            self._record(state, model_id, result, seconds, health=backend_name not in refused)
             if "error" not in result:
                 choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else
                           f"fallback after {tried[-1]['model']} failed"}
+                result = dict(result)
+                provider = result.pop("provider", None) if backend_name == "huggingface" else None
+                if provider:  # the Inference Provider that served it, after those that failed first
+                    tried += result.pop("fallback", {}).get("tried", [])
+                    choose.update(hosted_on=backend_name, provider=provider)
                 if tried:
                     result = {**result, "fallback": {"tried": tried}}
                 return collect_result(task, choose, result)
-            tried.append({"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])})
+            tried += attempts or [{"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])}]
             log.warning("[%s] task %s: %s on %s failed: %s", state.request.request_id, task.id, model_id,
-                        backend_name, tried[-1]["error"])
+                        backend_name, _message(result["error"]))
             if state.cancelled.is_set():
                 break
-        message = "; ".join(f"{t['model']} ({t['hosted_on']}): {t['error']}" for t in tried) or "no backend"
+        message = "; ".join(f"{t['model']} ({t['hosted_on']}{', ' + t['provider'] if t.get('provider') else ''}): "
+                            f"{t['error']}" for t in tried) or "no backend"
+        if skipped:
+            message += f"; {skipped} more {' and '.join(sorted(refused))} candidate(s) not tried for the same reason"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
                                                              "tried": tried}})
 
-    def _record(self, state: RequestState, model_id: str, result: dict[str, Any], seconds: float) -> None:
+    def _record(self, state: RequestState, model_id: str, result: dict[str, Any], seconds: float,
+                health: bool = True) -> None:
         """The model's health: success or failure and latency, kept by the store across restarts. A run cut
         short because the request was cancelled says nothing about the model."""
         failed = "error" in result
         if failed:
             with state.lock:
                 state.failed_models.add(model_id)
-        if self.health is None or (failed and state.cancelled.is_set()):
+        if self.health is None or not health or (failed and state.cancelled.is_set()):
             return
         try:
             self.health.record(model_id, not failed, seconds, _message(result["error"])[:300] if failed else None)
@@ -233,6 +253,9 @@ class Round:
         if isinstance(result, dict):
             payload["result"] = result.get("inference result")
             payload["args"] = result.get("task", {}).get("args")
+            choose = result.get("choose model result")
+            if isinstance(choose, dict) and choose.get("provider"):  # the Inference Provider that served it
+                payload.update(model=choose.get("id"), hosted_on=choose.get("hosted_on"), provider=choose["provider"])
         state.emit(name, payload)
 
     def finish(self) -> dict[int, Outcome]:

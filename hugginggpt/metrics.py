@@ -5,7 +5,8 @@ tests, count apart, and nothing is shared between them. The worker processes of 
 write their values to files in the folder named by PROMETHEUS_MULTIPROC_DIR (set by the supervisor before
 they start, prometheus_client's multiprocess mode), and any worker answering /metrics sums them all:
 `shared_dir` says which folder. Labels are bounded: routes are the app's own rules
-(anything else is "other"), models are the catalog's ids, backends are the configured kinds.
+(anything else is "other"), models are the catalog's ids, backends are the configured kinds, providers are
+the Inference Providers huggingface_hub knows (anything else is "other").
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STAGES = ("plan", "select", "execute", "respond")
+# how a call to a hosted Inference Provider ended (backends/hosted.py)
+PROVIDER_OUTCOMES = ("ok", "unauthorized", "out_of_credits", "rate_limited", "unavailable", "timeout", "error")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -41,6 +44,12 @@ class Metrics:
                                    ["model", "backend", "outcome"], registry=r)
         self.model_seconds = Histogram("hugginggpt_model_seconds", "Model call latency by model and backend",
                                        ["model", "backend"], buckets=SECONDS, registry=r)
+        self.provider_calls = Counter("hugginggpt_provider_calls", "Hosted model calls by Inference Provider (a name "
+                                      "outside known_providers counts as other) and outcome (" +
+                                      ", ".join(PROVIDER_OUTCOMES) + ")", ["provider", "outcome"], registry=r)
+        self.provider_seconds = Histogram("hugginggpt_provider_seconds", "Hosted model call latency by Inference "
+                                          "Provider", ["provider"], buckets=SECONDS, registry=r)
+        self.known_providers: frozenset[str] = frozenset()  # the engine's: huggingface_hub's providers, "endpoint"
         self.rejected = Counter("hugginggpt_admission_rejections", "Requests refused with 429 because "
                                 "max_concurrent_requests were running", registry=r)
         self.in_flight = Gauge("hugginggpt_requests_in_flight", "Pipeline requests running now", registry=r,
@@ -57,6 +66,11 @@ class Metrics:
     def model_call(self, model: str, backend: str, ok: bool, seconds: float) -> None:
         self.model_calls.labels(model, backend, "ok" if ok else "error").inc()
         self.model_seconds.labels(model, backend).observe(seconds)
+
+    def provider_call(self, provider: str, outcome: str, seconds: float) -> None:
+        label = provider if provider in self.known_providers else "other"
+        self.provider_calls.labels(label, outcome if outcome in PROVIDER_OUTCOMES else "error").inc()
+        self.provider_seconds.labels(label).observe(seconds)
 
     def exposition(self) -> bytes:
         if self.shared_dir is None:

@@ -1,30 +1,63 @@
-"""Hosted inference through `huggingface_hub.InferenceClient` (Hugging Face's serverless API,
-an own Inference Endpoint, or TGI), normalised exactly like local results.
+"""Hosted inference through `huggingface_hub.InferenceClient`: Hugging Face Inference Providers (hf-inference,
+fal-ai, replicate, together, ... through the Hub's router), or an own Inference Endpoint / TGI
+(`huggingface.base_url`), normalised exactly like local results.
+
+Which providers may serve a model is the model's `inferenceProviderMapping` on the Hub (live entries only),
+read with the configured token, so `huggingface.providers: auto` keeps the order the user set in their Hub
+settings (what `InferenceClient(provider="auto")` does); a list keeps the providers it names, in its order.
+A call goes to the first provider; on a provider error (429, 503, 5xx, a timeout, a model the provider no
+longer serves) the next one is tried, and only then the next model. A refused token (401) or spent credits
+(402) are the account's, not the provider's: no other provider or hosted model is tried.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import io
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from .. import cancel
 from ..errors import BackendError
 from ..resources import decode_image, save_bytes, save_image
 from ..urlpolicy import bound_by_deadlines, deadline_scope, redact_urls_in, watched_adapter
-from . import TaskInputs
+from . import HostedFailure, TaskInputs
 from .normalize import draw_boxes, overlay_masks
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://router.huggingface.co/hf-inference"
+ROUTER_URL = "https://router.huggingface.co"  # huggingface_hub's INFERENCE_PROXY_TEMPLATE, without the provider
+DEFAULT_BASE_URL = f"{ROUTER_URL}/hf-inference"
+ENDPOINT = "endpoint"  # the provider name of an own endpoint (`huggingface.base_url`), in records and metrics
+TEXT_GENERATION = ("text-generation", "text2text-generation", "conversational")
+
+
+def known_providers() -> tuple[str, ...]:
+    """The Inference Providers this huggingface_hub can call (`provider=` values, "auto" aside)."""
+    from huggingface_hub.inference._providers import PROVIDERS
+
+    return tuple(PROVIDERS)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One provider serving a model: its name and the task the Hub maps the model to on it."""
+
+    provider: str
+    task: str
+
+    def fits(self, task: str) -> bool:
+        """Can a planned `task` run on this route? (a chat model serves the text-generation tasks)"""
+        return self.task == task or (task in TEXT_GENERATION and self.task in ("conversational", "text-generation"))
 
 
 def plain(value: Any) -> Any:
@@ -44,7 +77,12 @@ class HostedInference:
     name = "huggingface"
 
     def __init__(self, token: str | None, public_dir: Path, base_url: str | None = None, timeout: float = 120.0,
-                 status_timeout: float = 3.0, proxy: str | None = None):
+                 status_timeout: float = 3.0, proxy: str | None = None, providers: tuple[str, ...] = (),
+                 router_url: str | None = None, hub_url: str | None = None, status_ttl: float = 30.0):
+        """providers: the Inference Providers allowed, in order (empty: auto, the user's order on the Hub).
+        router_url: the Hub's router (default https://router.huggingface.co); hub_url: the Hub whose model
+        API says which providers serve a model (default HF_ENDPOINT, else huggingface.co). Both are followed by
+        InferenceClient's own calls too. status_ttl: how long a model's providers are remembered."""
         self.token = token
         self.public_dir = public_dir
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -52,6 +90,14 @@ class HostedInference:
         self.timeout = timeout
         self.status_timeout = status_timeout
         self.proxies = {"http": proxy, "https": proxy} if proxy else None
+        self.providers = tuple(providers)
+        self.router_url = (router_url or ROUTER_URL).rstrip("/")
+        self.hub_url = hub_url.rstrip("/") if hub_url else None
+        self.status_ttl = status_ttl
+        # told of every provider call: observe_provider(provider, outcome, seconds) (the server's metrics)
+        self.observe_provider: Callable[[str, str, float], None] | None = None
+        self._routes: dict[str, tuple[tuple[Route, ...], float]] = {}
+        self._routes_lock = threading.Lock()
         install_hub_client(proxy)
         self._http = requests.Session()
         adapter = watched_adapter()  # a status endpoint that dribbles is cut at status_timeout too
@@ -61,7 +107,9 @@ class HostedInference:
     @classmethod
     def from_config(cls, config) -> HostedInference:
         return cls(config.huggingface_token, config.public_dir, config.huggingface_base_url, config.task_timeout,
-                   config.status_timeout, config.proxy)
+                   config.status_timeout, config.proxy, providers=config.huggingface_providers,
+                   router_url=config.huggingface_router_url, hub_url=config.catalog_endpoint,
+                   status_ttl=config.status_cache_seconds)
 
     def model_url(self, model_id: str) -> str:
         if "{model}" in self.base_url:
@@ -72,7 +120,8 @@ class HostedInference:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def is_available(self, model_id: str) -> bool:
-        """A custom base URL answers JARVIS's `/status/<id>`; the public service is asked through the Hub."""
+        """A custom base URL answers JARVIS's `/status/<id>`; otherwise some allowed provider must serve the
+        model (its live provider mapping on the Hub)."""
         if not self.token:
             return False
         try:
@@ -83,43 +132,193 @@ class HostedInference:
                                           proxies=self.proxies)
                     data = resp.json() if resp.status_code == 200 else {}
                     return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
-                from huggingface_hub import HfApi
-
-                info = HfApi(token=self.token).model_info(model_id, expand=["inference"], timeout=self.status_timeout)
-                return getattr(info, "inference", None) == "warm"
+                return bool(self.routes(model_id))
         except Exception:  # noqa: BLE001 - any failure means "not available now"
             return False
 
+    def routes(self, model_id: str) -> tuple[Route, ...]:
+        """The allowed providers serving `model_id` now, in the order they are tried (remembered status_ttl s)."""
+        now = time.monotonic()
+        with self._routes_lock:
+            hit = self._routes.get(model_id)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        from huggingface_hub import HfApi
+
+        info = HfApi(endpoint=self.hub_url, token=self.token).model_info(
+            model_id, expand=["inferenceProviderMapping"], timeout=self.status_timeout)
+        callable_ = _callable_tasks()
+        live = [Route(m.provider, m.task) for m in (info.inference_provider_mapping or [])
+                if getattr(m, "status", None) == "live" and m.task in callable_.get(m.provider, ())]
+        if self.providers:
+            live = sorted((r for r in live if r.provider in self.providers), key=lambda r: self.providers.index(r.provider))
+        found = tuple(live)
+        if self.status_ttl > 0:
+            with self._routes_lock:
+                if len(self._routes) > 10_000:
+                    self._routes.clear()
+                self._routes[model_id] = (found, now + self.status_ttl)
+        return found
+
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
+        """The task's result, with `provider` (who served it) and, when providers before it failed,
+        `fallback.tried`. Raises HostedFailure naming every provider tried and why it failed."""
         if not self.token:
             raise BackendError("hosted inference needs a Hugging Face token: set huggingface.token in the config "
                                "or export HUGGINGFACE_ACCESS_TOKEN")
-        from huggingface_hub import InferenceClient
-
-        client = InferenceClient(provider="hf-inference", token=self.token, timeout=self.timeout)
         handler = HANDLERS.get(inputs.task)
         if handler is None:
             raise BackendError(f"hosted inference does not support {inputs.task}")
-        # task_timeout bounds the whole call, however the endpoint paces its bytes (InferenceClient's own timeout
-        # is per read); the request's deadline, when it comes first, is the bound (scopes nest)
-        with deadline_scope(time.monotonic() + self.timeout) as watch:
+        if self.custom_base:
+            return self._on_provider(ENDPOINT, "hf-inference", self.model_url(model_id), model_id, handler, inputs)
+        try:
+            with deadline_scope(time.monotonic() + self.status_timeout):
+                routes = [r for r in self.routes(model_id) if r.fits(inputs.task)]
+        except Exception as exc:  # noqa: BLE001 - the Hub's answer, whatever went wrong, in one line
+            raise BackendError(f"the providers of {model_id} could not be read from the Hub: "
+                               f"{self._line(exc)}") from None
+        if not routes:
+            allowed = f" among huggingface.providers ({', '.join(self.providers)})" if self.providers else ""
+            raise BackendError(f"no Inference Provider{allowed} serves {model_id} for {inputs.task} now")
+        tried: list[dict[str, str]] = []
+        for route in routes:
+            token = cancel.current()
+            if token is not None and token.cancelled:
+                break
+            use = CHAT if route.task == "conversational" and inputs.task in TEXT_GENERATION else handler
             try:
-                return handler(self, client, self.model_url(model_id), inputs)
-            except BackendError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
-                if _timed_out(exc):
+                result = self._on_provider(route.provider, route.provider, model_id, model_id, use, inputs)
+            except HostedFailure as exc:
+                tried += exc.tried
+                if exc.final:
+                    raise HostedFailure(str(exc), tried, final=True) from None
+                continue
+            if tried:
+                result["fallback"] = {"tried": tried}
+            return result
+        if len(tried) == 1:
+            raise HostedFailure(f"hosted inference of {model_id} failed: {tried[0]['error']}", tried)
+        reasons = "; ".join(t["error"] for t in tried) or "cancelled"
+        raise HostedFailure(f"hosted inference of {model_id} failed on every provider: {reasons}", tried)
+
+    def _on_provider(self, label: str, provider: str, model: str, model_id: str, handler: Handler,
+                     inputs: TaskInputs) -> dict[str, Any]:
+        """One call of `handler` on one provider (label: its name in records and metrics). task_timeout bounds
+        the whole call, however the provider paces its bytes (InferenceClient's own timeout is per read); the
+        request's deadline, when it comes first, is the bound (scopes nest)."""
+        from huggingface_hub import InferenceClient
+
+        client = InferenceClient(provider=provider, token=self.token, timeout=self.timeout)
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            with deadline_scope(time.monotonic() + self.timeout) as watch, self._rerouted():
+                try:
+                    result = handler(self, client, model, inputs)
+                    outcome = "ok"
+                    return {**result, "provider": label}
+                except BackendError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
                     left = watch.deadline - time.monotonic() if watch is not None else 1.0
-                    why = "the deadline passed" if left <= 0.05 else f"no answer for {self.timeout:.0f}s"
-                    raise BackendError(f"hosted inference of {model_id} timed out ({why})") from None
-                message = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-                if self.token:
-                    message = message.replace(self.token, "***")
-                raise BackendError(f"hosted inference of {model_id} failed: {redact_urls_in(message)[:300]}") \
-                    from None
+                    outcome, line, final = self._failure(exc, label, model_id, left)
+                    raise HostedFailure(f"hosted inference of {model_id} failed: {line}",
+                                        [{"model": model_id, "hosted_on": self.name, "provider": label, "error": line}],
+                                        final=final) from None
+        finally:
+            if self.observe_provider is not None:
+                self.observe_provider(label, outcome, time.perf_counter() - started)
+
+    def _failure(self, exc: BaseException, label: str, model_id: str, left: float) -> tuple[str, str, bool]:
+        """(metrics outcome, one line for the user, final: no other provider or hosted model would do better)."""
+        who = "the endpoint at huggingface.base_url" if label == ENDPOINT else label
+        if _timed_out(exc):
+            if left <= 0.05:
+                return "timeout", f"{who} timed out (the deadline passed)", True
+            return "timeout", f"{who} timed out (no answer for {self.timeout:.0f}s)", False
+        status = _status_of(exc)
+        if status == 401:
+            return "unauthorized", (f"{who} refused the Hugging Face token (401 Unauthorized): check huggingface.token "
+                                    "or HUGGINGFACE_ACCESS_TOKEN (a fine-grained token needs the permission to make "
+                                    "calls to Inference Providers)"), True
+        if status == 402:
+            return "out_of_credits", (f"the Hugging Face account has no Inference Providers credits left (402 Payment "
+                                      f"Required from {who}): add credits at https://huggingface.co/settings/billing, "
+                                      "or run the task on the local models server (inference_mode: hybrid)"), True
+        if status == 429:
+            return "rate_limited", (f"{who} is rate-limiting this token (429 Too Many Requests): wait a minute, or allow "
+                                    "more providers in huggingface.providers"), False
+        if status == 503:
+            return "unavailable", (f"{who} cannot serve {model_id} right now (503 Service Unavailable: the model is "
+                                   "loading or the provider is overloaded); try again in a minute"), False
+        return "error", f"{who} failed{f' ({status})' if status else ''}: {self._line(exc)}", False
+
+    def _line(self, exc: BaseException) -> str:
+        """The first line of an error (the server's own message when it sent one), without secrets or URLs."""
+        message = getattr(exc, "server_message", None) or str(exc) or exc.__class__.__name__
+        message = message.strip().splitlines()[0] if message.strip() else exc.__class__.__name__
+        if self.token:
+            message = message.replace(self.token, "***")
+        return redact_urls_in(message)[:300]
+
+    @contextlib.contextmanager
+    def _rerouted(self) -> Iterator[None]:
+        """InferenceClient's calls in this block go to the configured router and Hub (huggingface_hub has the
+        router's address as a constant, and reads HF_ENDPOINT once, at import)."""
+        from huggingface_hub import constants
+
+        moves = []
+        if self.router_url != ROUTER_URL:
+            moves.append((ROUTER_URL, self.router_url))
+        if self.hub_url and self.hub_url != constants.ENDPOINT.rstrip("/"):
+            moves.append((constants.ENDPOINT.rstrip("/"), self.hub_url))
+        token = _MOVES.set(tuple(moves))
+        try:
+            yield
+        finally:
+            _MOVES.reset(token)
 
     def save_image(self, image: Any) -> str:
         return save_image(self.public_dir, image)
+
+
+_MOVES: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("hub_moves", default=())
+
+
+def _reroute(request: Any) -> None:
+    """The hub client's request hook: a URL under a moved origin (`HostedInference._rerouted`) goes to its new one."""
+    moves = _MOVES.get()
+    if not moves:
+        return
+    import httpx2
+
+    url = str(request.url)
+    for old, new in moves:
+        if url == old or url.startswith((old + "/", old + "?")):
+            request.url = httpx2.URL(new + url[len(old):])
+            request.headers["Host"] = request.url.netloc.decode("ascii")
+            return
+
+
+def _callable_tasks() -> dict[str, set[str]]:
+    """provider -> the tasks huggingface_hub can call it for and a handler here can run."""
+    from huggingface_hub.inference._providers import PROVIDERS
+
+    ours = set(HANDLERS) | {"conversational"}
+    return {name: set(tasks) & ours for name, tasks in PROVIDERS.items()}
+
+
+def _status_of(exc: BaseException | None) -> int | None:
+    """The HTTP status of the response an error came from, anywhere in the chain."""
+    for _ in range(10):
+        if exc is None:
+            return None
+        response = getattr(exc, "response", None)
+        status = getattr(response, "status_code", None)
+        if isinstance(status, int):
+            return status
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 _installed: list[str | None] = []
@@ -130,7 +329,8 @@ def install_hub_client(proxy: str | None) -> None:
     """huggingface_hub makes every HTTP call (InferenceClient, HfApi, downloads) through one process-wide client
     from a factory: ours bounds each read and write by the thread's `deadline_scope` (a hosted endpoint that
     dribbles a byte every few seconds would otherwise restart the read timeout for ever) and goes through
-    `proxy`. Outside a deadline scope it behaves like the library's own client. Installed once per process."""
+    `proxy`, and follows `HostedInference._rerouted` (the configured router and Hub). Outside a deadline scope
+    it behaves like the library's own client. Installed once per process."""
     with _install_lock:
         if _installed and _installed[0] == proxy:
             return
@@ -139,9 +339,9 @@ def install_hub_client(proxy: str | None) -> None:
 
         try:
             from huggingface_hub.utils._http import hf_request_event_hook  # offline mode, request ids
-            hooks = {"request": [hf_request_event_hook]}
+            hooks = {"request": [_reroute, hf_request_event_hook]}
         except ImportError:  # pragma: no cover - a huggingface_hub without it
-            hooks = {}
+            hooks = {"request": [_reroute]}
 
         def factory() -> httpx2.Client:
             client = httpx2.Client(proxy=proxy, event_hooks=hooks, follow_redirects=True, timeout=None)
@@ -211,6 +411,14 @@ def _audio_to_audio(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[s
     blob = out[0].blob if isinstance(out[0].blob, bytes) else base64.b64decode(out[0].blob)
     return {"generated audio": save_bytes(h.public_dir, "audio", blob, "flac"), "predicted": [o.label for o in out]}
 
+
+def _chat(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
+    """A text-generation task on a provider that serves the model as a chat model (the usual case)."""
+    out = c.chat_completion([{"role": "user", "content": _need(i, "text")}], model=m)
+    return {"generated text": out.choices[0].message.content or ""}
+
+
+CHAT: Handler = _chat
 
 HANDLERS: dict[str, Handler] = {
     "text-classification": lambda h, c, m, i: {"predicted": plain(c.text_classification(_need(i, "text"), model=m))},

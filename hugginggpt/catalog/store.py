@@ -171,6 +171,8 @@ class CatalogStore:
         self.weights = weights or Weights()
         self.budget_mb = budget_mb
         self.rescore = rescore
+        # the Inference Providers hosted execution may use (`huggingface.providers`); None: any (auto)
+        self.allowed_providers: frozenset[str] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._wlock = threading.RLock()
         self._rlock = threading.Lock()
@@ -614,7 +616,7 @@ class CatalogStore:
                 language=language_fit(card, wanted),
                 size=_size_fit1(card.size_mb, budget),
                 latency=latency_fit(self.health.ewma_seconds(card.id), card.size_mb),
-                availability=AVAILABILITY[(availability or {}).get(card.id) or static_availability(row)],
+                availability=AVAILABILITY[(availability or {}).get(card.id) or static_availability(row, self.allowed_providers)],
                 health=self.health.penalty(card.id),
             )
             ranked.append((score(f, w), f, row, card))
@@ -677,10 +679,12 @@ def _size_fit1(size_mb: float | None, budget_mb: float | None) -> float:
     return 1.0 / (1.0 + size_mb / SIZE_REFERENCE_MB)
 
 
-def static_availability(row: dict[str, Any]) -> str:
+def static_availability(row: dict[str, Any], providers: frozenset[str] | None = None) -> str:
+    """Where the row's model can run, from what the catalog knows: a curated local row, else hosted when some
+    Inference Provider the config allows (`providers`; None: any) serves it."""
     if row.get("local"):
         return "local"
-    if row.get("providers"):
+    if any(providers is None or p in providers for p in row.get("providers") or ()):
         return "hosted"
     return "unknown"
 

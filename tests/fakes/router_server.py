@@ -1,0 +1,250 @@
+"""A fake Hugging Face router with the Hub's model API beside it, on loopback: what `InferenceClient(provider=...)`
+and `HfApi.model_info` send and read, written from huggingface_hub 2.4.0 (`inference/_providers/*.py`,
+`hf_api.py`).
+
+The Hub (point HF_ENDPOINT or `catalog_sync.endpoint` here):
+- `GET /api/models/<id>` (`?expand=inferenceProviderMapping` or the full info): the model with its
+  `inferenceProviderMapping` as `model_info` has it, a dict {provider: {providerId, status, task}} in the order
+  the token's owner set in their settings (`preferences`; the default order without a token).
+
+The router (point `huggingface.router_url` here; the real one is https://router.huggingface.co/<provider>/...):
+- hf-inference: `POST /hf-inference/models/<id>`: raw image/audio bytes or JSON {"inputs"}; the pipeline's JSON
+  (an image's bytes for text-to-image).
+- fal-ai (synchronous fal.run behind the router): `POST /fal-ai/<providerId>` with JSON: text-to-image
+  {"prompt"} -> {"images": [{"url", "width", "height", "content_type"}], ...}, whose url the client then GETs
+  (`/files/<name>`, fal's CDN); automatic-speech-recognition {"audio_url": "data:audio/mpeg;base64,..."} ->
+  {"text", "chunks"}.
+- replicate: `POST /replicate/v1/models/<owner>/<name>/predictions` or `/replicate/v1/predictions` with
+  {"version"} (a providerId `owner/name:version`), `Prefer: wait`, {"input": {...}} -> the prediction, its
+  `output` a transcription object for speech recognition or file URLs for images.
+- every OpenAI-compatible provider: `POST /<provider>/v1/chat/completions` {"model": providerId, "messages"}.
+
+`failures[provider] = status` makes that provider answer with the router's error for the status (401, 402, 429,
+503, 500); every call is recorded (`calls`), with the Authorization header it carried.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from PIL import Image
+
+ERRORS = {
+    401: "Invalid credentials in Authorization header",
+    402: "You have exceeded your monthly included credits for Inference Providers. Subscribe to PRO to get 20x "
+         "more monthly included credits.",
+    429: "Rate limit reached. Please retry later.",
+    500: "Internal server error",
+}
+
+
+@dataclass
+class Served:
+    """One model on one provider: the id the provider knows it by, the task, and whether it is live."""
+
+    provider: str
+    provider_id: str
+    task: str
+    status: str = "live"
+
+
+@dataclass
+class FakeRouter:
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {"pipeline_tag", "served": [Served]}
+    preferences: dict[str, list[str]] = field(default_factory=dict)  # token -> providers in the user's order
+    failures: dict[str, int] = field(default_factory=dict)  # provider -> HTTP status it answers with
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    hub_calls: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _names: Any = field(default_factory=lambda: itertools.count(1))
+
+    def serve(self, model_id: str, pipeline_tag: str, *served: Served) -> None:
+        self.models[model_id] = {"pipeline_tag": pipeline_tag, "served": list(served)}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.failures.clear()
+            self.calls.clear()
+            self.hub_calls.clear()
+
+    def calls_to(self, provider: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [c for c in self.calls if c["provider"] == provider]
+
+    # -- the Hub's model API ---------------------------------------------------------------------------
+
+    def mapping(self, model_id: str, token: str | None) -> dict[str, dict[str, str]]:
+        served = list(self.models[model_id]["served"])
+        order = self.preferences.get(token or "")
+        if order:
+            served.sort(key=lambda s: order.index(s.provider) if s.provider in order else len(order))
+        return {s.provider: {"providerId": s.provider_id, "status": s.status, "task": s.task} for s in served}
+
+    def model_info(self, model_id: str) -> Response:
+        token = (request.headers.get("Authorization") or "").removeprefix("Bearer ") or None
+        with self.lock:
+            self.hub_calls.append({"model": model_id, "expand": request.args.getlist("expand"), "token": token})
+        model = self.models.get(model_id)
+        if model is None:
+            return jsonify({"error": "Repository not found"}), 404
+        info: dict[str, Any] = {"_id": f"id-{model_id}", "id": model_id}
+        expand = request.args.getlist("expand") or request.args.getlist("expand[]")
+        if not expand or "pipeline_tag" in expand:
+            info.update(pipeline_tag=model["pipeline_tag"], modelId=model_id, private=False, tags=[model["pipeline_tag"]],
+                        downloads=1000, likes=10, library_name="transformers")
+        if not expand or "inferenceProviderMapping" in expand:
+            info["inferenceProviderMapping"] = self.mapping(model_id, token)
+        return jsonify(info)
+
+    # -- the router --------------------------------------------------------------------------------
+
+    def record(self, provider: str, model: str | None, **extra: Any) -> None:
+        with self.lock:
+            self.calls.append({"provider": provider, "model": model, "path": request.path,
+                               "authorization": request.headers.get("Authorization"),
+                               "content_type": request.headers.get("Content-Type"), **extra})
+
+    def failure(self, provider: str, model: str | None) -> tuple[Response, int] | None:
+        status = self.failures.get(provider)
+        if status is None:
+            return None
+        if status == 503:
+            return jsonify({"error": f"Model {model} is currently loading", "estimated_time": 20.0}), 503
+        return jsonify({"error": ERRORS.get(status, "error")}), status
+
+    def served_by(self, provider: str, provider_id: str) -> tuple[str, Served] | None:
+        for model_id, model in self.models.items():
+            for s in model["served"]:
+                if s.provider == provider and (s.provider_id == provider_id or s.provider_id.endswith(":" + provider_id)):
+                    return model_id, s
+        return None
+
+    def file_url(self, data: bytes, suffix: str) -> str:
+        name = f"{next(self._names)}.{suffix}"
+        with self.lock:
+            self.files[name] = data
+        return f"{request.host_url.rstrip('/')}/files/{name}"
+
+    def image(self, prompt: str, color: tuple[int, int, int]) -> tuple[bytes, int, int]:
+        buf = io.BytesIO()
+        width, height = 48, 32
+        Image.new("RGB", (width, height), color).save(buf, format="PNG")
+        return buf.getvalue(), width, height
+
+    def app(self) -> Flask:
+        app = Flask("fake-router")
+        app.json.sort_keys = False  # the mapping's order is the user's order of providers
+
+        @app.get("/api/models/<path:model_id>")
+        def hub_model(model_id: str) -> Response:
+            return self.model_info(model_id.removesuffix("/"))
+
+        @app.get("/files/<name>")
+        def cdn(name: str) -> Response:
+            with self.lock:
+                data = self.files.get(name)
+            if data is None:
+                return jsonify({"error": "no such file"}), 404
+            return Response(data, mimetype="image/png" if name.endswith(".png") else "application/octet-stream")
+
+        @app.post("/hf-inference/models/<path:model_id>")
+        def hf_inference(model_id: str) -> Response:
+            self.record("hf-inference", model_id, bytes=len(request.get_data()))
+            failed = self.failure("hf-inference", model_id)
+            if failed:
+                return failed
+            model = self.models.get(model_id)
+            if model is None or not any(s.provider == "hf-inference" for s in model["served"]):
+                return jsonify({"error": f"Model {model_id} is not served by hf-inference"}), 404
+            task = model["pipeline_tag"]
+            if task == "image-to-text":
+                img = Image.open(io.BytesIO(request.get_data()))
+                return jsonify([{"generated_text": f"hf-inference caption of {img.width}x{img.height}"}])
+            if task == "text-classification":
+                return jsonify([[{"label": "POSITIVE", "score": 0.9}]])
+            if task == "text-to-image":
+                data, _, _ = self.image(request.get_json(force=True)["inputs"], (0, 200, 90))
+                return Response(data, mimetype="image/png")
+            return jsonify({"error": f"the fake does not do {task} on hf-inference"}), 400
+
+        @app.post("/fal-ai/<path:provider_id>")
+        def fal_ai(provider_id: str) -> Response:
+            body = request.get_json(force=True)
+            found = self.served_by("fal-ai", provider_id)
+            self.record("fal-ai", found[0] if found else None, provider_id=provider_id, json=sorted(body))
+            failed = self.failure("fal-ai", found[0] if found else provider_id)
+            if failed:
+                return failed
+            if found is None:
+                return jsonify({"detail": f"Application '{provider_id}' not found"}), 404
+            task = found[1].task
+            if task == "text-to-image":
+                data, w, h = self.image(body["prompt"], (250, 120, 0))
+                return jsonify({"images": [{"url": self.file_url(data, "png"), "width": w, "height": h,
+                                            "content_type": "image/png"}],
+                                "timings": {"inference": 0.01}, "seed": 42, "has_nsfw_concepts": [False],
+                                "prompt": body["prompt"]})
+            if task == "automatic-speech-recognition":
+                audio = base64.b64decode(body["audio_url"].split(",", 1)[1])
+                text = f"fal-ai transcript of {len(audio)} bytes"
+                return jsonify({"text": text, "chunks": [{"timestamp": [0.0, 0.5], "text": text}]})
+            return jsonify({"detail": f"the fake does not do {task} on fal-ai"}), 422
+
+        def replicate(provider_id: str) -> Response:
+            body = request.get_json(force=True)
+            found = self.served_by("replicate", provider_id)
+            self.record("replicate", found[0] if found else None, provider_id=provider_id, json=sorted(body),
+                        prefer=request.headers.get("Prefer"))
+            failed = self.failure("replicate", found[0] if found else provider_id)
+            if failed:
+                return failed
+            if found is None:
+                return jsonify({"detail": "The requested resource could not be found."}), 404
+            task, inputs = found[1].task, body.get("input") or {}
+            prediction = {"id": "p1", "model": found[1].provider_id.split(":")[0], "version": body.get("version"),
+                          "status": "succeeded", "input": sorted(inputs), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            if task == "automatic-speech-recognition":
+                audio = base64.b64decode(inputs["audio"].split(",", 1)[1])
+                prediction["output"] = {"transcription": f"replicate transcript of {len(audio)} bytes",
+                                        "segments": [], "detected_language": "english"}
+            elif task == "text-to-image":
+                data, _, _ = self.image(inputs["prompt"], (0, 90, 250))
+                prediction["output"] = [self.file_url(data, "png")]
+            else:
+                return jsonify({"detail": f"the fake does not do {task} on replicate"}), 422
+            return jsonify(prediction), 201
+
+        @app.post("/replicate/v1/models/<path:provider_id>/predictions")
+        def replicate_model(provider_id: str) -> Response:
+            return replicate(provider_id)
+
+        @app.post("/replicate/v1/predictions")
+        def replicate_version() -> Response:
+            return replicate(str(request.get_json(force=True).get("version")))
+
+        @app.post("/<provider>/v1/chat/completions")
+        def chat(provider: str) -> Response:
+            body = request.get_json(force=True)
+            found = self.served_by(provider, body.get("model", ""))
+            self.record(provider, found[0] if found else None, provider_id=body.get("model"), json=sorted(body))
+            failed = self.failure(provider, found[0] if found else body.get("model"))
+            if failed:
+                return failed
+            if found is None:
+                return jsonify({"error": {"message": f"model {body.get('model')} not found"}}), 404
+            question = body["messages"][-1]["content"]
+            return jsonify({"id": "c1", "object": "chat.completion", "created": int(time.time()),
+                            "model": body["model"],
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": f"{provider} says: {question}"}}],
+                            "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
+
+        return app
