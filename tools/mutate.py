@@ -639,8 +639,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                    pass\n",
              ("tests/test_deadlines_and_secrets.py::test_a_dribbling_hosted_inference_endpoint_is_cut_at_the_deadline",)),
     Mutation("hosted-no-task-deadline", "hugginggpt/backends/hosted.py",
-             "        with deadline_scope(time.monotonic() + self.timeout) as watch:",
-             "        with deadline_scope(None) as watch:",
+             "            with deadline_scope(time.monotonic() + self.timeout) as watch, self._rerouted():",
+             "            with deadline_scope(None) as watch, self._rerouted():",
              ("tests/test_deadlines_and_secrets.py::test_a_dribbling_hosted_inference_endpoint_is_cut_at_the_deadline",)),
     Mutation("per-client-connection-cap-removed", "hugginggpt/server.py",
              "    limit_connections_per_client(server, replace(limits, connection_limit=connection_limit))\n",
@@ -1042,8 +1042,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if isinstance(value, bool) or not isinstance(value, (int, float)):",
              ("tests/test_config_cli.py::test_bad_configs_give_one_clear_line",)),
     Mutation("hosted-error-shows-the-token", "hugginggpt/backends/hosted.py",
-             '                message = message.replace(self.token, "***")',
-             "                pass",
+             '            message = message.replace(self.token, "***")',
+             "            pass",
              ("tests/test_hosted.py::test_token_is_sent_and_never_leaks",)),
     Mutation("hosted-available-without-token", "hugginggpt/backends/hosted.py",
              "        if not self.token:\n            return False",
@@ -1303,6 +1303,48 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if not config.api_tokens and not host_allowed(",
              "        if False and not host_allowed(",
              ("tests/test_hostile_round3.py::test_a_rebound_host_name_is_refused_without_a_token",)),
+
+    # -- issue 30: hosted models through Inference Providers ---------------------------------------------------------
+    Mutation("provider-error-ends-the-model", "hugginggpt/backends/hosted.py",
+             "                tried += exc.tried\n                if exc.final:",
+             "                tried += exc.tried\n                if True:",
+             ("tests/test_providers.py::test_a_provider_error_falls_back_to_the_next_provider_then_the_next_model",)),
+    Mutation("spent-credits-try-every-provider", "hugginggpt/backends/hosted.py",
+             "local models server (inference_mode: hybrid)\"), True",
+             "local models server (inference_mode: hybrid)\"), False",
+             ("tests/test_providers.py::test_each_provider_error_is_one_clear_line",)),
+    Mutation("providers-list-order-ignored", "hugginggpt/backends/hosted.py",
+             "key=lambda r: self.providers.index(r.provider))",
+             "key=lambda r: 0)",
+             ("tests/test_providers.py::test_allowed_providers_decide_availability_and_order",)),
+    Mutation("provider-mapping-status-ignored", "hugginggpt/backends/hosted.py",
+             "if getattr(m, \"status\", None) == \"live\" and m.task in",
+             "if m.task in",
+             ("tests/test_providers.py::test_three_tasks_on_three_providers_end_to_end",)),
+    Mutation("provider-routes-not-cached", "hugginggpt/backends/hosted.py",
+             "        if hit is not None and hit[1] > now:\n            return hit[0]",
+             "        if False:\n            return hit[0]",
+             ("tests/test_providers.py::test_provider_availability_is_cached",)),
+    Mutation("provider-not-in-the-record", "hugginggpt/execute.py",
+             "                    choose.update(hosted_on=backend_name, provider=provider)",
+             "                    pass",
+             ("tests/test_providers.py::test_three_tasks_on_three_providers_end_to_end",)),
+    Mutation("provider-not-in-the-events", "hugginggpt/execute.py",
+             "                payload.update(model=choose.get(\"id\"), hosted_on=",
+             "                payload.update(model=None, hosted_on=None) or dict(hosted_on=",
+             ("tests/test_providers.py::test_three_tasks_on_three_providers_end_to_end",)),
+    Mutation("provider-metric-label-unbounded", "hugginggpt/metrics.py",
+             "        label = provider if provider in self.known_providers else \"other\"",
+             "        label = provider",
+             ("tests/test_providers.py::test_provider_labels_in_metrics_are_bounded",)),
+    Mutation("ranking-ignores-allowed-providers", "hugginggpt/catalog/store.py",
+             "static_availability(row, self.allowed_providers)]",
+             "static_availability(row)]",
+             ("tests/test_providers.py::test_ranking_counts_a_model_as_hosted_only_when_an_allowed_provider_serves_it",)),
+    Mutation("router-url-not-followed", "hugginggpt/backends/hosted.py",
+             "        if self.router_url != ROUTER_URL:",
+             "        if False:",
+             ("tests/test_providers.py::test_a_chat_model_serves_text_generation_through_its_provider",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
@@ -1326,6 +1368,7 @@ QUICK: tuple[str, ...] = (
     "models-server-token-ignored",  # modelhost/app.py
     "health-penalty-ignored",  # catalog/store.py
     "log-lines-not-escaped",  # logs.py
+    "provider-error-ends-the-model",  # backends/hosted.py
 )
 
 
