@@ -386,6 +386,68 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+# -- batches (batching.py gathers the requests; these say how one batch runs) ---------------------------
+
+
+@dataclass(frozen=True)
+class Batchable:
+    """A task whose concurrent requests can share one call of the model.
+
+    `prepare` reads one request's input in its caller's thread (its BadRequest is that caller's alone); `run` takes
+    the prepared inputs of a batch and returns one output per input, each equal to what the task's handler returns
+    for that input alone. Tasks whose calls take per-request options (thresholds, token limits) are not here.
+    """
+
+    prepare: Callable[[Inputs], Any]
+    run: Callable[[Loaded, list[Any]], list[Any]]
+
+
+def _each(out: Any, n: int) -> list[Any]:
+    """A pipeline called on a list answers one entry per input; with top_k 1 the entry is a dict, not a list."""
+    out = list(out)
+    if len(out) != n:
+        raise RuntimeError(f"the pipeline gave {len(out)} outputs for {n} inputs")
+    return [plain(o if isinstance(o, list) else [o]) for o in out]
+
+
+def _classify_texts(m: Loaded, texts: list[str]) -> list[Any]:
+    return _each(m.obj(texts, batch_size=len(texts)), len(texts))
+
+
+def _tag_texts(m: Loaded, texts: list[str]) -> list[Any]:
+    return _each(m.obj(texts, aggregation_strategy="simple", batch_size=len(texts)), len(texts))
+
+
+def _classify_images(m: Loaded, images: list[Any]) -> list[Any]:
+    return _each(m.obj(images, batch_size=len(images)), len(images))
+
+
+def _similarities(m: Loaded, pairs: list[tuple[str, str]]) -> list[Any]:
+    if not hasattr(m.obj, "encode"):  # a feature-extraction pipeline: one pair at a time, as the handler does
+        return [sentence_similarity(m, Inputs(body={"text": a, "text2": b}, public_dir=Path("."))) for a, b in pairs]
+    emb = m.obj.encode([t for pair in pairs for t in pair], normalize_embeddings=True, show_progress_bar=False,
+                       batch_size=2 * len(pairs))
+    return [{"score": float(np.dot(emb[2 * k], emb[2 * k + 1]))} for k in range(len(pairs))]
+
+
+def _captions(m: Loaded, images: list[Any]) -> list[Any]:
+    import torch
+
+    processor, tokenizer, model = m.obj
+    pixel = processor(images=images, return_tensors="pt")
+    with torch.inference_mode():
+        out = model.generate(**{k: v.to(model.device) for k, v in pixel.items()}, max_new_tokens=30)
+    return [{"generated text": text.strip()} for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+
+
+BATCHABLE: dict[str, Batchable] = {
+    "text-classification": Batchable(lambda i: i.text(), _classify_texts),
+    "token-classification": Batchable(lambda i: i.text(), _tag_texts),
+    "sentence-similarity": Batchable(lambda i: (i.text(), i.text("text2")), _similarities),
+    "image-classification": Batchable(lambda i: i.image(), _classify_images),
+    "image-to-text": Batchable(lambda i: i.image(), _captions),
+}
+
 MAX_DEPTH = 32  # no request body of this protocol nests deeper than a few levels
 
 
@@ -415,4 +477,4 @@ def handle(task: str, loaded: Loaded, inputs: Inputs) -> Any:
     return handler(loaded, inputs)
 
 
-__all__ = ["HANDLERS", "Inputs", "handle", "plain", "ResourceError"]
+__all__ = ["BATCHABLE", "HANDLERS", "Batchable", "Inputs", "handle", "plain", "ResourceError"]

@@ -1,0 +1,253 @@
+"""Dynamic batching with plain data (batching.py), and each batchable task's batch run against its handler."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hugginggpt.errors import BadRequest
+from hugginggpt.modelhost.batching import Batcher, each_or_batch
+from hugginggpt.modelhost.handlers import BATCHABLE, Inputs, handle
+from hugginggpt.modelhost.pool import ModelPool
+from hugginggpt.modelhost.registry import ModelSpec, Registry
+from tests.conftest import make_public
+from tests.tiny_models import WORDS, image_captioner, image_classifier, text_classifier, token_classifier
+
+
+def submit_all(batcher: Batcher, items: list, run, key="m") -> list:
+    """Every item from its own thread, all released at once; returns (ok, value, batch size) per item."""
+    out: list = [None] * len(items)
+    gate = threading.Barrier(len(items))
+
+    def call(k: int) -> None:
+        gate.wait()
+        try:
+            value, size = batcher.submit(key, items[k], run)
+            out[k] = (True, value, size)
+        except Exception as exc:  # noqa: BLE001
+            out[k] = (False, exc, None)
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(items))]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert all(o is not None for o in out), "a caller never got an answer"
+    return out
+
+
+def until_gathered(batcher: Batcher, key: str, n: int) -> None:
+    """Hold the running batch until `n` callers wait in the key's open one (they gather while the model is busy)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        k = batcher._keys.get(key)
+        if k is not None and k.open is not None and len(k.open.items) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} callers never gathered")
+
+
+def test_concurrent_calls_share_a_batch_and_each_gets_its_own_result():
+    batcher = Batcher(max_size=8, wait_s=5.0)
+    batches: list[list[int]] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not batches:  # the first caller runs at once; the seven others gather meanwhile
+            until_gathered(batcher, "m", 7)
+        batches.append(list(items))
+        return [x * 10 for x in items]
+
+    out = submit_all(batcher, list(range(8)), run)
+    assert [value for _, value, _ in out] == [x * 10 for x in range(8)]
+    assert sorted(len(b) for b in batches) == [1, 7]
+    assert sorted(size for *_, size in out) == [1] + [7] * 7
+
+
+def test_batches_hold_at_most_max_size_and_keys_never_mix():
+    seen: list[tuple[str, int]] = []
+
+    def run_for(key: str):
+        def run(items: list[str]) -> list[str]:
+            seen.append((key, len(items)))
+            assert all(item.startswith(key) for item in items)
+            return [item.upper() for item in items]
+        return run
+
+    batcher = Batcher(max_size=3, wait_s=0.2)
+    results: dict[str, list] = {}
+
+    def burst(key: str) -> None:
+        results[key] = submit_all(batcher, [f"{key}{k}" for k in range(7)], run_for(key), key=key)
+
+    threads = [threading.Thread(target=burst, args=(key,)) for key in ("a", "b")]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    for key in ("a", "b"):
+        assert [value for _, value, _ in results[key]] == [f"{key.upper()}{k}" for k in range(7)]
+        assert sum(n for k, n in seen if k == key) == 7
+    assert max(n for _, n in seen) <= 3
+
+
+def test_a_lone_caller_does_not_wait_for_company():
+    """One caller at a time runs at once: with an hour's wait configured the calls still return (each would hang
+    for the hour if it waited)."""
+    batcher = Batcher(max_size=8, wait_s=3600)
+    done: list = []
+
+    def calls() -> None:
+        for k in range(3):
+            done.append(batcher.submit("m", k, lambda items: items))
+
+    thread = threading.Thread(target=calls, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert done == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_after_a_batch_with_company_an_idle_model_waits_for_more():
+    """Callers that arrive one after another, a little apart, share a batch once the key has seen company."""
+    batcher = Batcher(max_size=3, wait_s=3600)
+    primed: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not primed:
+            until_gathered(batcher, "m", 2)
+        primed.append(len(items))
+        return items
+
+    submit_all(batcher, [0, 1, 2], run)
+    assert primed == [1, 2]  # the key has seen company
+    out: list = []
+    threads = []
+    for k in range(3):  # 50 ms apart: without the wait each would run alone
+        threads.append(threading.Thread(target=lambda k=k: out.append(batcher.submit("m", k, lambda items: items))))
+        threads[-1].start()
+        time.sleep(0.05)
+    [t.join(20) for t in threads]
+    assert sorted(out) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_a_bad_item_fails_only_its_caller():
+    """The model raises on a batch holding a bad item; the batch is run again one item at a time."""
+    calls: list[list[int]] = []
+
+    def model(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if any(x < 0 for x in items):
+            raise ValueError("negative input")
+        return [x + 1 for x in items]
+
+    batcher = Batcher(max_size=8, wait_s=5.0)
+
+    def run(items: list[int]) -> list[int]:
+        if not calls:
+            until_gathered(batcher, "m", 4)
+        return each_or_batch(model, items)
+
+    out = submit_all(batcher, [0, 1, 2, -3, 4], run)
+    assert [o[:2] for o in out if o[0]] == [(True, 1), (True, 2), (True, 3), (True, 5)]
+    assert not out[3][0] and isinstance(out[3][1], ValueError)
+    assert sorted(len(c) for c in calls) == [1, 1, 1, 1, 1, 4]  # alone, the batch of four, its four again alone
+
+
+def test_a_batch_that_fails_as_a_whole_fails_every_caller():
+    def run(items: list[int]) -> list[int]:
+        raise RuntimeError("the model could not load")
+
+    out = submit_all(Batcher(max_size=4, wait_s=5.0), [1, 2, 3, 4], run)
+    assert all(not ok and "could not load" in str(exc) for ok, exc, _ in out) and len(out) == 4
+
+
+def test_each_or_batch_keeps_results_that_are_exceptions():
+    assert each_or_batch(lambda items: [x if x else ValueError("zero") for x in items], [1, 0])[0] == 1
+    one = each_or_batch(lambda items: 1 / 0, [5])
+    assert isinstance(one[0], ZeroDivisionError)
+
+
+def test_batcher_refuses_nonsense_settings():
+    with pytest.raises(ValueError):
+        Batcher(max_size=0, wait_s=0.01)
+    with pytest.raises(ValueError):
+        Batcher(max_size=4, wait_s=-1)
+
+
+# -- each batchable task: a batch gives what the handler gives one input at a time -------------------------------
+
+
+def words_tokenizer(folder: Path) -> None:
+    """A tokenizer that knows tiny_models.WORDS (the one bert_tokenizer saves reads every word as [UNK] under
+    transformers 5), so that different texts give different answers."""
+    from transformers import BertTokenizer
+
+    BertTokenizer(vocab={w: k for k, w in enumerate(WORDS)}, do_lower_case=True).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("batch-models")
+    builders = {"t/cls": text_classifier, "t/ner": token_classifier, "t/img": image_classifier,
+                "t/cap": image_captioner}
+    for mid, build in builders.items():
+        build(folder / mid)
+        if mid != "t/img":
+            words_tokenizer(folder / mid)
+    specs = (ModelSpec("t/cls", "text-classification", "pipeline", "minimal", "text-classification"),
+             ModelSpec("t/ner", "token-classification", "pipeline", "minimal", "token-classification"),
+             ModelSpec("t/img", "image-classification", "pipeline", "minimal", "image-classification"),
+             ModelSpec("t/cap", "image-to-text", "vision2seq", "minimal"),
+             ModelSpec("sentence-transformers/all-MiniLM-L6-v2", "sentence-similarity", "sentence-embedding",
+                       "minimal"))
+    public = make_public(folder / "public")
+    from PIL import Image
+
+    for k, colour in enumerate([(250, 250, 250), (0, 0, 255), (20, 120, 40)]):
+        Image.new("RGB", (30 + 10 * k, 50), colour).save(public / "examples" / f"c{k}.png")
+    return ModelPool(Registry("minimal", folder, specs), "cpu"), public
+
+
+TEXTS = ["a great movie", "anna lives in berlin", "the cat sits on the mat in paris .", "bad", "w1 w2 w3 w4 w5 w6"]
+BODIES = {
+    "t/cls": [{"text": t} for t in TEXTS],
+    "t/ner": [{"text": t} for t in TEXTS],
+    "t/img": [{"img_url": f"/examples/{n}"} for n in ("red.png", "green.jpg", "c0.png", "c1.png", "c2.png")],
+    "t/cap": [{"img_url": f"/examples/{n}"} for n in ("red.png", "green.jpg", "c0.png", "c1.png", "c2.png")],
+    "sentence-transformers/all-MiniLM-L6-v2": [{"text": a, "text2": b} for a, b in
+                                               zip(TEXTS, TEXTS[1:] + ["a man plays the guitar"], strict=True)],
+}
+
+
+def close(a, b) -> bool:
+    """Equal, with floats to 1e-6 (a padded batch sums in another order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=0, abs_tol=1e-6)
+    return a == b
+
+
+@pytest.mark.parametrize("model_id", list(BODIES))
+def test_a_batch_answers_what_each_request_gets_alone(pool, model_id):
+    pool, public = pool
+    spec = pool.registry.get(model_id)
+    batchable = BATCHABLE[spec.task]
+    inputs = [Inputs(body=body, public_dir=public) for body in BODIES[model_id]]
+    with pool.use(spec) as loaded:
+        if spec.task == "image-to-text":  # the random captioner says [CLS] for ever: louder weights, varied words
+            import torch
+
+            torch.manual_seed(1)
+            with torch.no_grad():
+                for name, param in loaded.obj[2].named_parameters():
+                    if "ln" not in name and "norm" not in name:
+                        param.normal_(0, 0.3)
+        alone = [handle(spec.task, loaded, i) for i in inputs]
+        together = batchable.run(loaded, [batchable.prepare(i) for i in inputs])
+    assert close(together, alone), (together, alone)
+    # every input gives its own answer, so an answer given to the wrong caller would not pass as close
+    assert not any(close(a, b) for k, a in enumerate(alone) for b in alone[k + 1:]), alone
+    with pytest.raises(BadRequest):
+        batchable.prepare(Inputs(body={"txt": "typo"}, public_dir=Path(public)))
