@@ -91,11 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     setup_logging(config.debug, None)
     from hugginggpt.modelhost.app import create_app
-    from hugginggpt.modelhost.device import resolve_device
+    from hugginggpt.modelhost.batching import Batcher
+    from hugginggpt.modelhost.device import free_memory_reader, resolve_device, version_problems
     from hugginggpt.modelhost.engine import LocalEngine
     from hugginggpt.modelhost.pool import ModelPool
     from hugginggpt.modelhost.registry import Registry
 
+    for problem in version_problems():
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
     device, warning = resolve_device(config.device)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -110,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         engine = RayEngine(registry, device, config.catalog_path, config.public_dir, address=args.address,
                            replicas=args.replicas, models_per_replica=args.models_per_replica,
-                           max_pixels=config.max_image_pixels, timeout=config.task_timeout)
+                           max_pixels=config.max_image_pixels, timeout=config.task_timeout,
+                           max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms)
     else:
-        pool = ModelPool(registry, device, budget)
-        engine = LocalEngine(pool)
+        pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device))
+        engine = LocalEngine(pool, Batcher(config.max_batch_size, config.batch_wait_ms / 1000))
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
           f"from {config.local_models_dir} on {device}", file=sys.stderr, flush=True)
     if len(servable) < len(registry.specs):
@@ -131,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                      max_pixels=config.max_image_pixels, discovery=discovery, listen_host=config.models_host,
                      hosts=config.models_server_hosts)
     try:
-        return serve(app, host, args.port or config.models_port, ident="hugginggpt-models",
+        # enough threads that every caller a batch may hold reaches the batcher (http_threads overrides)
+        threads = config.http_threads or config.max_concurrent_requests + 16
+        return serve(app, host, args.port or config.models_port, threads=threads, ident="hugginggpt-models",
                      port_option="local_inference_endpoint.port", limits=config.http_limits())
     finally:
         close = getattr(engine, "close", None)

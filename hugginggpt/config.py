@@ -51,7 +51,8 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
-        "http_idle_timeout", "http_connections_per_client", "models_server_hosts", "allowed_hosts")},
+        "http_idle_timeout", "http_connections_per_client", "models_server_hosts", "allowed_hosts",
+        "batch_wait_ms", "max_batch_size")},
 }
 
 
@@ -173,6 +174,9 @@ class Config:
     fetch_timeout: float = 15.0
     local_models_dir: Path = Path("models")
     memory_budget_gb: float | None = None
+    # models server: concurrent requests of one model gathered into one batch (modelhost/batching.py)
+    batch_wait_ms: float = 5.0  # the most an idle model waits for company (only after a batch had company)
+    max_batch_size: int = 16  # 1: no batching
     semantic_ranking: bool = True
     embedding_precision: str = "int8"  # the sentence model's graph: int8 (about 0.6x the CPU) or fp32
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
@@ -296,6 +300,13 @@ def _seconds(data: dict, key: str, default: float, path: Path) -> float:
     value = _get(data, key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
         raise ConfigError(f"{path}: `{key}` must be a number of seconds above 0 (default {default:g})")
+    return float(value)
+
+
+def _batch_wait(data: dict, path: Path) -> float:
+    value = _get(data, "batch_wait_ms", 5.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
+        raise ConfigError(f"{path}: `batch_wait_ms` must be a number of milliseconds from 0 to 1000 (default 5)")
     return float(value)
 
 
@@ -526,6 +537,8 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         fetch_timeout=_typed(data, "fetch_timeout", float, 15.0, path),
         local_models_dir=rel(_get(data, "local_models_dir", "models")),
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
+        batch_wait_ms=_batch_wait(data, path),
+        max_batch_size=_positive(data, "max_batch_size", 16, path),
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
         embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),
         preferred_language=_get(data, "model_constraints.language"),

@@ -38,7 +38,8 @@ def engine(request, tmp_path_factory):
     image_classifier(models / IMAGE)
     public = make_public(folder / "public")
     try:
-        proc, url = start_models_server(folder, models, public, token=TOKEN, engine=request.param, replicas=2)
+        proc, url = start_models_server(folder, models, public, token=TOKEN, engine=request.param, replicas=2,
+                                        extra=("batch_wait_ms: 200",))  # time for a burst to gather, on both
     except RuntimeError as exc:
         pytest.fail(str(exc))
     yield request.param, url, public
@@ -119,6 +120,35 @@ def test_concurrent_requests_all_answer(engine):
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert codes == [200] * 8
+
+
+def test_concurrent_requests_of_one_model_share_batches_with_their_own_answers(engine):
+    """Batching on both engines (flask: batching.Batcher; ray: @serve.batch): eight callers at once get what each
+    gets alone, a text too long for the model fails only its caller, and some requests shared a batch."""
+    _, url, _ = engine
+    texts = [" ".join(["movie"] * (k + 1)) for k in range(8)]  # lengths differ, so answers differ
+    alone = [post(url, TEXT, {"text": t}).json() for t in texts]
+    assert len({str(a) for a in alone}) == 8
+    bodies = [{"text": t} for t in texts] + [{"text": " ".join(["movie"] * 300)}]  # past 128 positions
+    sizes = []
+    for _ in range(2):
+        out: list = [None] * len(bodies)
+        gate = threading.Barrier(len(bodies))
+
+        def go(k: int) -> None:
+            gate.wait()
+            out[k] = post(url, TEXT, bodies[k])
+
+        threads = [threading.Thread(target=go, args=(k,)) for k in range(len(bodies))]
+        [t.start() for t in threads]
+        [t.join(120) for t in threads]
+        assert [r.status_code for r in out] == [200] * 8 + [500], [r.text for r in out]
+        for a, r in zip(alone, out, strict=False):
+            got = r.json()
+            assert got[0]["label"] == a[0]["label"] and abs(got[0]["score"] - a[0]["score"]) < 1e-6, (got, a)
+        assert TEXT in out[8].json()["error"]["message"]
+        sizes += [int(r.headers["X-Batch-Size"]) for r in out[:8]]
+    assert max(sizes) > 1, sizes
 
 
 def test_ray_serves_from_two_running_replicas(engine):

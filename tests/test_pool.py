@@ -1,12 +1,15 @@
-"""The model pool on tiny real models: LRU order, the memory budget as a ceiling, the device fallback."""
+"""The model pool on tiny real models: LRU order, the memory budget as a ceiling, the device fallback, the device's
+free memory (injected, as CUDA would report it): idle models evicted first, models in use never, refusals (503)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import requests
 
 from hugginggpt.modelhost.device import resolve_device
-from hugginggpt.modelhost.pool import ModelPool
+from hugginggpt.modelhost.pool import HEADROOM, ModelPool, NoRoom
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests.conftest import make_public
 from tests.tiny_models import text_classifier
@@ -83,3 +86,142 @@ def test_cuda_on_a_machine_without_it_falls_back_to_the_cpu(tmp_path):
         proc.wait(10)
     log = next(tmp_path.glob("models-*.log")).read_text()
     assert sum(line.startswith("warning:") for line in log.splitlines()) == 1, log
+
+
+# -- memory in device terms: the free-memory reading is injected, as CUDA's mem_get_info would give it ----------
+
+
+class FakeDevice:
+    """A device of `capacity` bytes whose free memory is what the pool's loaded models leave (and `other`, memory
+    someone else holds)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.other = 0
+        self.pool: ModelPool | None = None
+
+    def free(self) -> int:
+        return self.capacity - self.other - sum(e.nbytes for e in self.pool.loaded().values())
+
+
+def device_pool(models_dir, models_that_fit: float) -> tuple[ModelPool, FakeDevice]:
+    reg = registry(models_dir)
+    need = reg.expected_bytes(reg.get("tiny/one")) * (1 + HEADROOM)
+    fake = FakeDevice(int(need * models_that_fit))
+    fake.pool = ModelPool(reg, "cpu", budget_bytes=None, free_memory=fake.free)
+    return fake.pool, fake
+
+
+def held(pool: ModelPool, mid: str):
+    """Keep `mid` in use from another thread until the returned event is set."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with pool.use(pool.registry.get(mid)):
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert inside.wait(60)
+    return release, thread
+
+
+def test_a_load_that_does_not_fit_the_free_memory_evicts_idle_models_first(models_dir):
+    pool, fake = device_pool(models_dir, models_that_fit=2.5)
+    use(pool, "tiny/one")
+    use(pool, "tiny/two")
+    use(pool, "tiny/one")
+    use(pool, "tiny/three")  # the device's free memory, not the (absent) budget, makes room: two goes
+    assert pool.evictions == ["tiny/two"] and set(pool.loaded()) == {"tiny/one", "tiny/three"}
+    fake.other = fake.capacity  # someone else took the whole device: nothing idle can make room
+    with pytest.raises(NoRoom, match="tiny/two needs about .* MB on cpu .* has -?[0-9]+ MB free"):
+        use(pool, "tiny/two")
+    assert "tiny/two" not in pool.loaded()
+
+
+def test_a_model_in_use_is_never_evicted_and_the_load_is_refused(models_dir):
+    pool, fake = device_pool(models_dir, models_that_fit=1.5)
+    release, thread = held(pool, "tiny/one")
+    try:
+        with pytest.raises(NoRoom, match="in use now: tiny/one"):
+            use(pool, "tiny/two")
+        assert set(pool.loaded()) == {"tiny/one"} and pool.evictions == []
+    finally:
+        release.set()
+        thread.join(10)
+    use(pool, "tiny/two")  # idle now: evicted for the new one
+    assert pool.evictions == ["tiny/one"] and set(pool.loaded()) == {"tiny/two"}
+
+
+def test_the_budget_refuses_a_model_larger_than_itself(models_dir):
+    reg = registry(models_dir)
+    pool = ModelPool(reg, "cpu", budget_bytes=reg.expected_bytes(reg.get("tiny/one")) // 2)
+    with pytest.raises(NoRoom, match="more than memory_budget_gb allows"):
+        use(pool, "tiny/one")
+    assert pool.loaded() == {}
+
+
+def test_out_of_memory_while_loading_evicts_idle_models_and_tries_again(models_dir, monkeypatch):
+    import torch
+
+    import hugginggpt.modelhost.pool as pool_module
+
+    pool, fake = device_pool(models_dir, models_that_fit=10)
+    use(pool, "tiny/one")
+    real_load, calls = pool_module.load, []
+
+    def load(spec, registry, device):  # the driver says no while another model is loaded
+        calls.append(spec.id)
+        if len(pool.loaded()) > 0:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return real_load(spec, registry, device)
+
+    monkeypatch.setattr(pool_module, "load", load)
+    use(pool, "tiny/two")
+    assert calls == ["tiny/two", "tiny/two"] and pool.evictions == ["tiny/one"]
+    release, thread = held(pool, "tiny/two")  # in use: the retry has nothing to evict
+    try:
+        with pytest.raises(NoRoom, match="out of memory while loading.*in use now: tiny/two"):
+            use(pool, "tiny/three")
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def test_out_of_memory_while_running_is_a_refusal_and_the_model_stays(models_dir):
+    import torch
+
+    pool, _ = device_pool(models_dir, models_that_fit=10)
+    with pytest.raises(NoRoom, match="ran out of memory on cpu while running"):
+        with pool.use(pool.registry.get("tiny/one")):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+    use(pool, "tiny/one")
+    assert pool.loads == 1
+
+
+def test_the_models_server_answers_503_when_a_model_in_use_holds_the_memory(models_dir, tmp_path):
+    """Over HTTP: the refusal is a 503 with Retry-After that names the model in use; the server keeps serving."""
+    from hugginggpt.modelhost.app import create_app
+    from hugginggpt.modelhost.engine import LocalEngine
+    from tests.fakes.llm_server import KeepAliveServer
+
+    pool, _ = device_pool(models_dir, models_that_fit=1.5)
+    server = KeepAliveServer(create_app(LocalEngine(pool), make_public(tmp_path / "public")), threads=8).start()
+    try:
+        release, thread = held(pool, "tiny/one")
+        try:
+            resp = requests.post(f"{server.url}/models/tiny/two", json={"text": "a fine day"}, timeout=60)
+            assert resp.status_code == 503, resp.text
+            assert resp.headers["Retry-After"] == "5"
+            error = resp.json()["error"]
+            assert error["type"] == "no_room" and "in use now: tiny/one" in error["message"]
+        finally:
+            release.set()
+            thread.join(10)
+        resp = requests.post(f"{server.url}/models/tiny/two", json={"text": "a fine day"}, timeout=60)
+        assert resp.status_code == 200 and resp.json()[0]["label"] in ("NEGATIVE", "POSITIVE")
+        memory = requests.get(server.url + "/models", timeout=10).json()["memory"]
+        assert memory["models_bytes"] == pool.loaded()["tiny/two"].nbytes and memory["rss_bytes"] > 0
+    finally:
+        server.stop()

@@ -17,12 +17,13 @@ from ..access import allowed_host_names, bearer_ok, host_allowed, host_name, ori
 from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
+from .batching import batch_size_var
 from .discover import Discovery, DiscoveryRefused
 from .engine import Engine
 from .handlers import MAX_DEPTH, Inputs, check_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ModelsMetrics
-from .pool import InferenceFailed, ModelUnavailable
+from .pool import InferenceFailed, ModelUnavailable, NoRoom
 from .registry import Registry
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,14 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         servable = spec is not None and registry.servable(spec)
         return jsonify({"loaded": servable, "in_memory": model_id in pool.loaded()})
 
+    def ran_on(entry: object) -> dict[str, object]:
+        """What a loaded model really runs in and on, and the device memory its load took (CUDA)."""
+        if entry is None:
+            return {}
+        taken = getattr(entry, "device_bytes", None)
+        return {"dtype": getattr(entry, "dtype", None), "weights_device": getattr(entry, "weights_device", None),
+                "device_memory_mb": round(taken / 1e6, 1) if taken is not None else None}
+
     @app.get("/models")
     def models() -> Response:
         loaded = pool.loaded()
@@ -121,7 +130,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             problem = registry.problem(spec)
             rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
                          "loaded": entry is not None, "device": pool.device,
-                         "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
+                         "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None, **ran_on(entry)})
         if discovering:
             for spec in discovery.listed():  # downloaded on an earlier request; servable while the policy allows
                 entry = loaded.get(spec.id)
@@ -133,8 +142,10 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
                 rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
                              "loaded": entry is not None, "device": pool.device, "discovered": True,
                              "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
+        memory = getattr(pool, "memory", None)  # LocalEngine: counted, budget, and the device's own reading
         return jsonify({"deployment": registry.deployment, "models": rows,
-                        "discovered_models": discovery.policy.mode if discovery is not None else "off"})
+                        "discovered_models": discovery.policy.mode if discovery is not None else "off",
+                        **({"memory": memory()} if memory is not None else {})})
 
     @app.post("/models/<path:model_id>")
     def infer(model_id: str) -> Response:
@@ -161,6 +172,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return _error(problem, 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
         started, ok = time.perf_counter(), False
+        batch_size_var.set(None)  # the engine says how many requests shared this one's batch
         try:
             result = pool.infer(spec, inputs)
             ok = True
@@ -168,6 +180,10 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return _error(str(exc), 400)
         except ModelUnavailable as exc:
             return _error(str(exc), 404)
+        except NoRoom as exc:  # memory held by models in use: a later try may fit
+            resp = _error(str(exc), 503, "no_room")
+            resp.headers["Retry-After"] = "5"
+            return resp
         except InferenceFailed as exc:
             return _error(f"{model_id} failed: {exc}", 500)
         except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
@@ -175,7 +191,10 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
         finally:
             metrics.call(spec.id, ok, time.perf_counter() - started)
-        return jsonify(result)
+        resp = jsonify(result)
+        if (size := batch_size_var.get()) is not None:
+            resp.headers["X-Batch-Size"] = str(size)
+        return resp
 
     @app.get("/<any(images, audios, videos):folder>/<name>")
     def output_file(folder: str, name: str) -> Response:

@@ -1,6 +1,12 @@
 """Loaded pipelines: lazy loading, one lock per model, least-recently-used eviction under a budget.
 
 Two requests to one model take turns on its lock (no sleep-polling); different models run in parallel.
+
+Memory: `memory_budget_gb` is a ceiling on what the loaded models take (their parameters, counted). On CUDA the
+device's real free memory is asked too (`free_memory`, torch.cuda.mem_get_info): a model is loaded only when its
+estimated size fits both, after evicting idle models, least recently used first. A model in use (its lock held)
+is never evicted; when the room cannot be made, the load is refused with `NoRoom` (a 503), and a CUDA
+out-of-memory error while loading or running becomes `NoRoom` too, never a crashed server.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +34,13 @@ class InferenceFailed(Exception):
     """The model raised while running a request (reported as a 500 naming the model)."""
 
 
+class NoRoom(Exception):
+    """The model does not fit in memory now, even with the idle models unloaded (reported as a 503)."""
+
+
+HEADROOM = 0.2  # on a device with a free-memory reading, room for activations beyond the weights' size
+
+
 @dataclass
 class Loaded:
     spec: ModelSpec
@@ -35,6 +48,9 @@ class Loaded:
     device: str
     nbytes: int
     load_seconds: float
+    dtype: str | None = None  # of the model's first parameter: what it really runs in
+    weights_device: str | None = None  # where that parameter really is ("cuda:0", "cpu")
+    device_bytes: int | None = None  # device memory the load took (CUDA: torch.cuda.memory_allocated before/after)
 
 
 def torch_modules(obj: Any) -> list[Any]:
@@ -63,6 +79,27 @@ def torch_modules(obj: Any) -> list[Any]:
 
     visit(obj)
     return found
+
+
+def describe(obj: Any) -> tuple[str | None, str | None]:
+    """The dtype and device of the model's first parameter, as text; (None, None) for a model without any."""
+    try:
+        for module in torch_modules(obj):
+            for param in module.parameters():
+                return str(param.dtype).removeprefix("torch."), str(param.device)
+    except Exception:  # noqa: BLE001
+        pass
+    return None, None
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's CUDA out-of-memory error (a RuntimeError subclass in every torch we serve)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "CUDA out of memory" in str(exc)
 
 
 def memory_of(obj: Any) -> int:
@@ -159,10 +196,14 @@ _LOADING = threading.Lock()  # one model loads at a time; loaded models run in p
 
 
 class ModelPool:
-    def __init__(self, registry: Registry, device: str = "cpu", budget_bytes: int | None = None):
+    def __init__(self, registry: Registry, device: str = "cpu", budget_bytes: int | None = None,
+                 free_memory: Callable[[], int] | None = None):
+        """free_memory: bytes the device can still give (None: the budget's accounting alone, as on the CPU);
+        `free_memory_reader(device)` on CUDA. Tests inject their own reading."""
         self.registry = registry
         self.device = device
         self.budget = budget_bytes
+        self.free_memory = free_memory
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
@@ -178,6 +219,14 @@ class ModelPool:
         with self._guard:
             return dict(self._loaded)
 
+    def memory(self) -> dict[str, Any]:
+        """What the loaded models take by count, the budget, and the device's own reading (device.py)."""
+        from .device import memory_report
+
+        with self._guard:
+            used = sum(e.nbytes for e in self._loaded.values())
+        return {"models_bytes": used, "budget_bytes": self.budget, **memory_report(self.device)}
+
     @contextmanager
     def use(self, spec: ModelSpec) -> Iterator[Loaded]:
         lock = self._lock_for(spec.id)
@@ -187,57 +236,141 @@ class ModelPool:
                 if entry is not None:
                     self._loaded.move_to_end(spec.id)
             if entry is None:
-                self._make_room(spec)
-                log.info("loading %s (%s) on %s", spec.id, spec.task, self.device)
-                t0 = time.perf_counter()
+                entry = self._load(spec)
+            try:
+                yield entry
+            except Exception as exc:
+                if is_out_of_memory(exc):  # the activations did not fit: say so, give the cache back, keep serving
+                    raise self.out_of_memory(spec) from None
+                raise
+
+    def out_of_memory(self, spec: ModelSpec) -> NoRoom:
+        """The refusal for a request that ran out of device memory; the allocator's cache is given back first."""
+        self._release_cache()
+        return NoRoom(f"{spec.id} ran out of memory on {self.device} while running this request; try again with "
+                      "a smaller input or when other models are idle")
+
+    def _load(self, spec: ModelSpec) -> Loaded:
+        """Make room (or refuse with NoRoom), then load; an out-of-memory error evicts every idle model and
+        tries once more."""
+        self._make_room(spec)
+        log.info("loading %s (%s) on %s", spec.id, spec.task, self.device)
+        for attempt in (1, 2):
+            before = self._allocated()
+            t0 = time.perf_counter()
+            try:
                 with _LOADING:  # transformers resolves its names lazily: two first loads at once can see a
                     obj = load(spec, self.registry, self.device)  # half-imported module (ImportError)
-                entry = Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - t0)
-                log.info("loaded %s in %.1fs (%.1f MB)", spec.id, entry.load_seconds, entry.nbytes / 1e6)
-                with self._guard:
-                    self._loaded[spec.id] = entry
-                    self.loads += 1
-                    self.peak_bytes = max(self.peak_bytes, sum(e.nbytes for e in self._loaded.values()))
-                self._evict(keep=spec.id)  # the size was unknown or larger than the files said
-            yield entry
+                break
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self._release_cache()
+                if attempt == 2 or not self._evict(keep=spec.id, everything=True):
+                    raise NoRoom(f"{spec.id} does not fit in the memory of {self.device} (out of memory while "
+                                 f"loading){self._busy_note(spec.id)}") from None
+        after = self._allocated()
+        dtype, where = describe(obj)
+        entry = Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - t0, dtype, where,
+                       after - before if after is not None and before is not None else None)
+        log.info("loaded %s in %.1fs (%.1f MB, %s on %s)", spec.id, entry.load_seconds, entry.nbytes / 1e6,
+                 dtype, where)
+        with self._guard:
+            self._loaded[spec.id] = entry
+            self.loads += 1
+            self.peak_bytes = max(self.peak_bytes, sum(e.nbytes for e in self._loaded.values()))
+        self._evict(keep=spec.id)  # the size was unknown or larger than the files said
+        return entry
+
+    def _allocated(self) -> int | None:
+        if not self.device.startswith("cuda"):
+            return None
+        import torch
+
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def _busy_note(self, keep: str) -> str:
+        with self._guard:
+            others = [mid for mid in self._loaded if mid != keep]
+        busy = [mid for mid in others if self._lock_for(mid).locked()]
+        return f"; in use now: {', '.join(busy)}; try again when they finish" if busy else ""
 
     def _make_room(self, spec: ModelSpec) -> None:
-        """The budget is a ceiling: when the new model's size is known, evict before loading it."""
-        if self.budget is None:
-            return
+        """Before loading: evict idle models until the model's estimated size fits the budget and, where the
+        device reports its free memory, the device; refuse with NoRoom when it cannot fit."""
         size = self.registry.expected_bytes(spec)
-        if size:
+        if not size:
+            return  # unknown: loaded, then measured (_evict after the load)
+        mb = size / 1e6
+        if self.budget is not None:
             self._evict(keep=spec.id, incoming=size)
-
-    def _evict(self, keep: str, incoming: int = 0) -> None:
-        """Drop least recently used models (not busy) until the total plus `incoming` fits the budget."""
-        if self.budget is None:
+            with self._guard:
+                total = sum(e.nbytes for e in self._loaded.values() if e.spec.id != spec.id)
+            if total + size > self.budget:
+                if not total:
+                    raise NoRoom(f"{spec.id} needs about {mb:.0f} MB, more than memory_budget_gb allows "
+                                 f"({self.budget / 1e6:.0f} MB)")
+                raise NoRoom(f"{spec.id} needs about {mb:.0f} MB and memory_budget_gb leaves "
+                             f"{max(0, self.budget - total) / 1e6:.0f} MB{self._busy_note(spec.id)}")
+        if self.free_memory is None:
             return
+        need = int(size * (1 + HEADROOM))
+        while True:
+            free = self.free_memory()
+            if free >= need:
+                return
+            if not self._evict_one(keep=spec.id):
+                raise NoRoom(f"{spec.id} needs about {need / 1e6:.0f} MB on {self.device} (weights and room to run) "
+                             f"and the device has {free / 1e6:.0f} MB free{self._busy_note(spec.id)}")
+
+    def _evict_one(self, keep: str) -> bool:
+        """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
         with self._guard:
             order = [mid for mid in self._loaded if mid != keep]
         for mid in order:
-            with self._guard:
-                total = sum(e.nbytes for e in self._loaded.values())
-            if total + incoming <= self.budget:
-                return
-            lock = self._lock_for(mid)
-            if not lock.acquire(blocking=False):
-                continue  # in use right now; try the next one
-            try:
-                with self._guard:
-                    self._loaded.pop(mid, None)
-                self.evictions.append(mid)
-                log.info("evicted %s to stay under the memory budget", mid)
-            finally:
-                lock.release()
-        gc.collect()
+            if self._drop(mid):
+                self._release_cache()
+                return True
+        return False
+
+    def _drop(self, mid: str) -> bool:
+        lock = self._lock_for(mid)
+        if not lock.acquire(blocking=False):
+            return False  # in use right now
         try:
+            with self._guard:
+                if self._loaded.pop(mid, None) is None:
+                    return False
+            self.evictions.append(mid)
+            log.info("evicted %s to make room", mid)
+            return True
+        finally:
+            lock.release()
+
+    def _release_cache(self) -> None:
+        gc.collect()
+        if self.device.startswith("cuda"):
             import torch
 
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:  # noqa: BLE001
-            pass
+            torch.cuda.empty_cache()
+
+    def _evict(self, keep: str, incoming: int = 0, everything: bool = False) -> bool:
+        """Drop least recently used models (not busy) until the total plus `incoming` fits the budget, or every
+        idle one with `everything`; True when one was dropped."""
+        if self.budget is None and not everything:
+            return False
+        with self._guard:
+            order = [mid for mid in self._loaded if mid != keep]
+        dropped = False
+        for mid in order:
+            with self._guard:
+                total = sum(e.nbytes for e in self._loaded.values())
+            if not everything and total + incoming <= self.budget:
+                break
+            dropped = self._drop(mid) or dropped
+        if dropped:
+            self._release_cache()
+        return dropped
 
     def preload(self, specs: list[ModelSpec]) -> None:
         for spec in specs:

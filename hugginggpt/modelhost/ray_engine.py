@@ -6,6 +6,11 @@ that already holds that model (loading it on one otherwise), and each replica ke
 `models_per_replica` models, least recently used out first. Models that need different GPU shares (from the
 registry) go to different deployments, so a replica's `num_gpus` fits what it holds.
 
+Concurrent requests for one model and a batchable task (handlers.BATCHABLE) are gathered by Ray Serve's own
+`@serve.batch` (at most `max_batch_size`, waiting at most `batch_wait_ms`) and run as one batch, split by model
+(a replica may hold several): each request gets its own result or error, and a batch that fails is run again
+one request at a time (batching.each_or_batch).
+
 Inputs are resolved at the front (public/ paths, URLs under the URL policy) and travel to the replica as
 bytes; files a replica generates come back as bytes and are written into the front's public/, so replicas
 on other machines need no shared disk.
@@ -22,7 +27,8 @@ from typing import Any
 
 from ..errors import BadRequest
 from ..resources import OUTPUT_PATH, resolve
-from .handlers import Inputs
+from .batching import batch_size_var, each_or_batch
+from .handlers import BATCHABLE, Inputs
 from .pool import InferenceFailed, ModelUnavailable
 from .registry import ModelSpec, Registry
 
@@ -31,8 +37,10 @@ log = logging.getLogger(__name__)
 APP_NAME = "hugginggpt-models"
 
 
-def replica_class(models_per_replica: int):
-    """The deployment class; built lazily so that importing this module never imports Ray."""
+def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005):
+    """The deployment class; built lazily so that importing this module never imports Ray.
+
+    max_batch_size 1: every request runs alone."""
     from ray import serve
 
     class ModelReplica:
@@ -59,9 +67,53 @@ def replica_class(models_per_replica: int):
                 loaded = await self.get_model(model_id)
             except ModelUnavailable as exc:
                 return {"error": {"kind": "unavailable", "message": str(exc)}}
+            if max_batch_size > 1 and loaded.spec.task in BATCHABLE:
+                return await self.batched((model_id, body))
             lock = self.locks.setdefault(model_id, asyncio.Lock())
             async with lock:  # one request at a time per model, as in the single-process server
                 return await asyncio.to_thread(self._run, loaded, body)
+
+        @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
+        async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+            """One batch of Serve's gathering: one run per model in it, one answer per request."""
+            answers: list[dict[str, Any]] = [{}] * len(requests)
+            by_model: dict[str, list[int]] = {}
+            for k, (model_id, _) in enumerate(requests):
+                by_model.setdefault(model_id, []).append(k)
+            for model_id, ks in by_model.items():
+                try:
+                    loaded = await self.get_model(model_id)
+                except ModelUnavailable as exc:
+                    for k in ks:
+                        answers[k] = {"error": {"kind": "unavailable", "message": str(exc)}}
+                    continue
+                async with self.locks.setdefault(model_id, asyncio.Lock()):
+                    done = await asyncio.to_thread(self._run_batch, loaded, [requests[k][1] for k in ks])
+                for k, answer in zip(ks, done, strict=True):
+                    answers[k] = answer
+            return answers
+
+        def _run_batch(self, loaded: Any, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            from ..errors import ResourceError
+
+            batchable = BATCHABLE[loaded.spec.task]
+            answers: list[dict[str, Any] | None] = [None] * len(bodies)
+            ready: list[tuple[int, Any]] = []
+            for k, body in enumerate(bodies):  # each request's input read alone: a bad one fails alone
+                try:
+                    ready.append((k, batchable.prepare(Inputs(body=body, public_dir=Path(tempfile.gettempdir()),
+                                                              max_pixels=self.max_pixels))))
+                except (BadRequest, ResourceError) as exc:
+                    answers[k] = {"error": {"kind": "bad_request", "message": str(exc)}}
+            results = each_or_batch(lambda items: batchable.run(loaded, items), [item for _, item in ready])
+            for (k, _), result in zip(ready, results, strict=True):
+                if isinstance(result, Exception):
+                    log.error("inference with %s failed: %s", loaded.spec.id, result)
+                    answers[k] = {"error": {"kind": "failed",
+                                            "message": f"{result.__class__.__name__}: {str(result)[:300]}"}}
+                else:
+                    answers[k] = {"result": result, "files": {}, "batch": len(bodies)}
+            return [a or {"error": {"kind": "failed", "message": "no answer"}} for a in answers]
 
         def _run(self, loaded: Any, body: dict[str, Any]) -> dict[str, Any]:
             from ..errors import ResourceError
@@ -97,7 +149,8 @@ class RayEngine:
 
     def __init__(self, registry: Registry, device: str, catalog_path: Path, public_dir: Path, *,
                  address: str | None = None, replicas: int = 1, models_per_replica: int = 3,
-                 max_pixels: int = 40_000_000, timeout: float = 300.0):
+                 max_pixels: int = 40_000_000, timeout: float = 300.0, max_batch_size: int = 1,
+                 batch_wait_ms: float = 5.0):
         import ray
         from ray import serve
 
@@ -109,7 +162,8 @@ class RayEngine:
         self.app_names: list[str] = []
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         serve.start(http_options={"location": "NoServer"})  # the protocol is served by the Flask front
-        cls = serve.deployment(replica_class(models_per_replica))
+        cls = serve.deployment(replica_class(models_per_replica, max_batch_size, batch_wait_ms / 1000),
+                               max_ongoing_requests=max(5, 2 * max_batch_size))  # room for a batch to gather
         self.handles: dict[float, Any] = {}
         for share in sorted({self.gpu_share(s, device) for s in registry.specs.values()}):
             name = f"models-gpu{share:g}"
@@ -137,6 +191,7 @@ class RayEngine:
                                     policy=inputs.policy).data_uri()
         handle = self.handles[self.gpu_share(spec, self.device_name)]
         out = handle.options(multiplexed_model_id=spec.id).infer.remote(body).result(timeout_s=self.timeout)
+        batch_size_var.set(out.get("batch", 1))
         error = out.get("error")
         if error:
             if error["kind"] == "bad_request":
