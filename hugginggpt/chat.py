@@ -24,7 +24,7 @@ from .choose import decisions, start_selection
 from .config import Config
 from .execute import Executor, Round
 from .llm import ClientCache, LLMClient, with_overrides
-from .metrics import Metrics
+from .metrics import Metrics, catalog_knows
 from .plan import Plan, Task
 from .planner import Planner
 from .prompts import PromptSet
@@ -83,7 +83,8 @@ class HuggingGPT:
             choose=config.choose_model, margin=config.choose_model_margin,
             allowed=config.allowed_models, denied=config.denied_models,
         )
-        self.metrics = Metrics()  # this engine's own registry: GET /metrics
+        # this engine's own registry (GET /metrics); a model outside the catalog counts as "other"
+        self.metrics = Metrics(known_model=catalog_knows(self), backends=self.backends)
         # max_concurrent_requests, for every door (HTTP, /v1, MCP, Gradio); a worker process swaps in the slots
         # it shares with the other workers (`workers.SharedSlots`)
         self.admission: Admission = local_slots(config.max_concurrent_requests)

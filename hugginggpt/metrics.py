@@ -4,26 +4,92 @@ Each app has its own registry (never prometheus_client's global one): two server
 tests, count apart, and nothing is shared between them. The worker processes of one server (`http_workers`)
 write their values to files in the folder named by PROMETHEUS_MULTIPROC_DIR (set by the supervisor before
 they start, prometheus_client's multiprocess mode), and any worker answering /metrics sums them all:
-`shared_dir` says which folder. Labels are bounded: routes are the app's own rules
-(anything else is "other"), models are the catalog's ids, backends are the configured kinds, providers are
-the Inference Providers huggingface_hub knows (anything else is "other").
+`shared_dir` says which folder.
+
+No label carries a value a caller chooses without a bound (each series is kept for the life of the process,
+a histogram's about twenty lines): routes are the app's own rules (anything else is "other"), statuses are
+HTTP's, modes, stages and outcomes are this package's constants, LLM backends are `API_TYPES` (a request's
+`api_type` is checked against them before any call), model backends are the configured ones, providers are
+the Inference Providers huggingface_hub knows, and models are the ids the catalog knows (the curated one or
+the catalog store's), at most `MAX_MODEL_LABELS` of them: anything else counts as "other".
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .config import API_TYPES
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 STAGES = ("plan", "select", "execute", "respond")
 # how a call to a hosted Inference Provider ended (backends/hosted.py)
 PROVIDER_OUTCOMES = ("ok", "unauthorized", "out_of_credits", "rate_limited", "unavailable", "timeout", "error")
+LLM_BACKENDS = (*API_TYPES, "none")  # a request's api_type is one of API_TYPES (llm.with_overrides checks it)
+OTHER = "other"  # the one label value every value outside a label's bound counts as
+MAX_MODEL_LABELS = 200  # distinct model ids with series of their own, the second guard after "the catalog knows it"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+class BoundedLabel:
+    """The values one label may take: a value `known` accepts keeps its name while fewer than `cap` names are
+    in use; anything else, and every new name past the cap, is "other".
+
+    `known` is asked once per new value that it accepts (a value already in use answers from memory), so it may
+    query a database; one that raises counts the value as unknown.
+    """
+
+    def __init__(self, known: Callable[[str], bool] | None = None, cap: int = MAX_MODEL_LABELS):
+        self.known = known
+        self.cap = cap
+        self.used: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self.used:
+            return value
+        if len(self.used) >= self.cap or self.known is None or not isinstance(value, str):
+            return OTHER
+        try:
+            known = bool(self.known(value))
+        except Exception:  # noqa: BLE001 - a failed look-up must not fail the call being counted
+            known = False
+        if not known:
+            return OTHER
+        with self._lock:
+            if value not in self.used and len(self.used) >= self.cap:
+                return OTHER
+            self.used.add(value)
+        return value
+
+
+def one_of(value: str, allowed: Collection[str], fallback: str = OTHER) -> str:
+    return value if value in allowed else fallback
+
+
+def catalog_knows(engine: Any) -> Callable[[str], bool]:
+    """Does `engine` (a HuggingGPT) know this model id: its curated catalog, or its catalog store once open?"""
+
+    def known(model_id: str) -> bool:
+        if engine.catalog.get(model_id) is not None:
+            return True
+        store = getattr(engine, "catalog_store", None)
+        return store is not None and bool(store.known_ids([model_id]))
+
+    return known
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, known_model: Callable[[str], bool] | None = None,
+                 backends: Collection[str] | None = None) -> None:
+        """known_model: is this model id one to count under its own name (`catalog_knows`); None: every model
+        counts as "other". backends: the model backends' names (the engine's), any other is "other"."""
+        self.model_label = BoundedLabel(known_model)
+        self.backends = frozenset(backends if backends is not None else ("local", "huggingface"))
         self.shared_dir: Path | None = None  # set in a worker: /metrics sums every worker's files there
         r = self.registry = CollectorRegistry()
         self.http_requests = Counter("hugginggpt_http_requests", "HTTP requests answered, by route and status",
@@ -56,6 +122,7 @@ class Metrics:
                                multiprocess_mode="livesum")
 
     def llm_call(self, backend: str, ok: bool, seconds: float, usage: dict | None = None) -> None:
+        backend = one_of(backend, LLM_BACKENDS)
         self.llm_calls.labels(backend, "ok" if ok else "error").inc()
         self.llm_seconds.labels(backend).observe(seconds)
         for kind in ("prompt", "completion"):
@@ -64,6 +131,7 @@ class Metrics:
                 self.llm_tokens.labels(backend, kind).inc(value)
 
     def model_call(self, model: str, backend: str, ok: bool, seconds: float) -> None:
+        model, backend = self.model_label(model), one_of(backend, self.backends)
         self.model_calls.labels(model, backend, "ok" if ok else "error").inc()
         self.model_seconds.labels(model, backend).observe(seconds)
 
