@@ -1,6 +1,9 @@
 """The MCP server over stdio, for desktop agent hosts that start it as a subprocess.
 
-stdout carries the protocol and nothing else: logs, warnings and config errors go to stderr.
+stdout carries the protocol and nothing else: logs, warnings and config errors go to stderr. Every line the
+client sends is checked before the SDK's session reads it (`lines.py`): one it cannot read is answered with a
+JSON-RPC error, never dropped without a word. The tools draw on the engine's one admission
+(`max_concurrent_requests`), as every other door does.
 """
 
 from __future__ import annotations
@@ -9,6 +12,12 @@ import argparse
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
 
 DEFAULT_CONFIG = "configs/config.default.yaml"
 
@@ -44,7 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=engine.warm, name="warm-ranker", daemon=True).start()
     server = build_server(engine)
     try:
-        server.run("stdio")
+        anyio.run(serve, server, config.max_body_bytes)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+async def serve(server: MCPServer, max_line_bytes: int) -> None:
+    """`server.run("stdio")`, with each line checked first (the SDK's `run_stdio_async`, on our transport)."""
+    from .lines import checked_stdio_server
+
+    lowlevel = server._lowlevel_server  # noqa: SLF001 - the session runner run_stdio_async uses
+    async with checked_stdio_server(max_line_bytes) as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())

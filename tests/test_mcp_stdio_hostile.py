@@ -1,0 +1,164 @@
+"""Issue 29: the MCP stdio server (`python -m hugginggpt.mcp`, a real subprocess) answers every line it cannot
+take with a JSON-RPC error (the request's id when the line still tells it), and goes on: after each bad line
+a good `tools/list` is answered. Before, the SDK's transport dropped such lines and the client waited forever.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hugginggpt.mcp.lines import INVALID_REQUEST, PARSE_ERROR, check_line, top_level_id
+from tests.conftest import ROOT, write_config
+
+MAX_BODY = 500_000
+WAIT = 5.0
+DEEP = 100_000
+
+
+class StdioClient:
+    """The server as a subprocess, spoken to in raw lines."""
+
+    def __init__(self, config: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "hugginggpt.mcp", "--config", config], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next_id = 1000
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.messages.put(json.loads(line))
+
+    def send(self, line: str | bytes) -> None:
+        data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+        self.proc.stdin.write(data + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict | None = None, ident: int | None = None) -> str:
+        if ident is None:
+            self.next_id += 1
+            ident = self.next_id
+        return json.dumps({"jsonrpc": "2.0", "id": ident, "method": method, **({"params": params} if params else {})})
+
+    def wait(self, match: Any, timeout: float = WAIT) -> dict[str, Any]:
+        """The first message (seen or arriving within `timeout`) for which match(message) holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for message in self.seen:
+                if match(message):
+                    self.seen.remove(message)
+                    return message
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                raise AssertionError(f"no such answer within {timeout}s (server exit code {self.proc.poll()}); "
+                                     f"got {self.seen}")
+            try:
+                self.seen.append(self.messages.get(timeout=min(left, 0.2)))
+            except queue.Empty:
+                pass
+
+    def error_for(self, ident: Any) -> dict[str, Any]:
+        return self.wait(lambda m: "error" in m and m.get("id") == ident)["error"]
+
+    def still_answers(self) -> None:
+        line = self.request("tools/list")
+        ident = json.loads(line)["id"]
+        self.send(line)
+        answer = self.wait(lambda m: m.get("id") == ident)
+        assert "run_model" in {t["name"] for t in answer["result"]["tools"]}, answer
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, llm_server, models_server, public_dir) -> Iterator[StdioClient]:
+    folder = tmp_path_factory.mktemp("stdio")
+    _, models_url = models_server
+    config = write_config(folder, llm_server.base_url, models_url, public_dir, semantic_ranking=False,
+                          max_body_bytes=MAX_BODY)
+    client = StdioClient(str(config))
+    client.send(client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                              "clientInfo": {"name": "hostile", "version": "1"}}, ident=0))
+    assert "result" in client.wait(lambda m: m.get("id") == 0, timeout=60)
+    client.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    client.still_answers()
+    yield client
+    client.proc.stdin.close()
+    try:
+        client.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        client.proc.kill()
+
+
+def search(ident: int, q: str) -> str:
+    """A search_models call whose `q` is the raw JSON text `q`."""
+    return (f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{{"name":"search_models",'
+            f'"arguments":{{"q":{q}}}}}}}')
+
+
+def test_deep_nesting_is_answered_with_the_requests_id(client):
+    client.send(search(11, "[" * DEEP + "]" * DEEP))
+    error = client.error_for(11)
+    assert error["code"] == INVALID_REQUEST and "nested too deeply" in error["message"]
+    client.still_answers()
+    client.send("[" * DEEP + "]" * DEEP)  # no id to tell
+    assert client.error_for(None)["code"] == INVALID_REQUEST
+    client.send(search(12, "[" * 250 + "]" * 250))  # deeper than the SDK reads, not than Python does
+    assert "nested too deeply" in client.error_for(12)["message"]
+    client.still_answers()
+
+
+def test_a_lone_surrogate_is_answered_with_the_requests_id(client):
+    client.send(search(21, '"\\ud800 alone"'))
+    error = client.error_for(21)
+    assert error["code"] == INVALID_REQUEST and "lone UTF-16 surrogate (\\ud800)" in error["message"]
+    client.still_answers()
+    client.send('{"jsonrpc":"2.0","id":"\\udfff","method":"tools/list"}')  # in the id itself: not echoed
+    assert "surrogate" in client.error_for(None)["message"]
+    client.still_answers()
+    # raw bytes that are no UTF-8 (a surrogate encoded anyway) read as U+FFFD, as the SDK reads them: answered
+    client.send(search(22, '"cat \xed\xa0\x80"').encode("latin-1"))
+    assert "result" in client.wait(lambda m: m.get("id") == 22)
+
+
+def test_two_requests_on_one_line_are_both_answered(client):
+    client.send(client.request("tools/list", ident=31) + client.request("tools/list", ident=32))
+    for ident in (31, 32):
+        error = client.error_for(ident)
+        assert error["code"] == INVALID_REQUEST and "2 JSON values on one line" in error["message"]
+    client.still_answers()
+
+
+def test_lines_that_are_not_json_rpc_get_the_specs_errors(client):
+    client.send('{"jsonrpc": "2.0", "id": 41, "method": ')  # cut short: not JSON
+    assert client.error_for(None)["code"] == PARSE_ERROR
+    client.still_answers()
+    client.send('{"jsonrpc": "2.0", "id": 42, "method": 7}')  # JSON, but no JSON-RPC request
+    error = client.error_for(42)
+    assert error["code"] == INVALID_REQUEST and "not a JSON-RPC 2.0 message" in error["message"]
+    client.send(json.dumps([json.loads(client.request("tools/list", ident=43))]))  # a batch
+    assert "batch" in client.error_for(None)["message"]
+    client.still_answers()
+
+
+def test_a_line_longer_than_max_body_bytes_is_skipped_and_answered(client):
+    client.send(search(51, json.dumps("x" * (3 * MAX_BODY))))
+    error = client.error_for(51)
+    assert error["code"] == INVALID_REQUEST and f"larger than this server takes ({MAX_BODY} bytes" in error["message"]
+    client.still_answers()
+
+
+def test_the_checks_themselves():
+    assert check_line(search(1, '"fine"')) == [] and check_line("  \n") == []
+    assert top_level_id('{"params": {"id": 5, "x": [[[' + "[" * 1000) is None
+    assert top_level_id('{"method": "x", "params": {"id": 5}, "id": "abc", ') == "abc"
+    assert top_level_id('{"id": true}') is None and top_level_id('[{"id": 1}]') is None
+    assert top_level_id('{"a": "\\"id\\"", "id": 7') == 7
