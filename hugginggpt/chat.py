@@ -129,6 +129,7 @@ class HuggingGPT:
         if self.config.huggingface_providers:  # a model only other providers serve is not hosted here
             store.allowed_providers = frozenset(self.config.huggingface_providers)
         self.executor.health = store.health
+        self.executor.records_health_of = catalog_knows(self)
         self.selector.use_store(store)
         log.info("catalog store %s: %d models in %d tasks", store.path, store.count(), len(store.tasks()))
         if self.config.catalog_refresh_hours > 0 and self.refreshes_catalog:

@@ -42,6 +42,8 @@ class Executor:
         # Task threads are shared by all requests (each round still runs at most max_workers at once): starting
         # threads for every request cost more CPU than the rest of the orchestration (bench/load.py).
         self.health: Health | None = None  # the catalog store's, once open: every model run is recorded there
+        # ...of a model the catalog knows: an id a caller names (MCP run_model) adds no row of its own
+        self.records_health_of: Callable[[str], bool] = lambda model_id: True
         self.threads = ContextThreadPool(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
                                           thread_name_prefix="task")
 
@@ -141,6 +143,8 @@ class Executor:
         if self.health is None or not health or (failed and state.cancelled.is_set()):
             return
         try:
+            if not self.records_health_of(model_id):
+                return
             self.health.record(model_id, not failed, seconds, _message(result["error"])[:300] if failed else None)
         except Exception:  # noqa: BLE001 - a full disk must not fail the task
             log.exception("recording the health of %s failed", model_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -71,6 +72,10 @@ def test_random_model_ids_through_mcp_leave_the_series_count_bounded(orchestrato
     assert any(f'model="{known}"' in line for line in calls)
     other = next(line for line in calls if 'model="other"' in line and 'outcome="ok"' in line)
     assert float(other.rsplit(" ", 1)[1]) == CALLS + 1
+    # nor do they grow the catalog store's health table (a row per model, kept across restarts)
+    with sqlite3.connect(orchestrator.log.parent / "catalog.sqlite") as db:
+        healthy = [row[0] for row in db.execute("SELECT model FROM health")]
+    assert known in healthy and not any(model.startswith("caller") for model in healthy), len(healthy)
 
 
 def test_the_model_label_has_a_hard_cap_even_for_known_ids():
