@@ -135,7 +135,7 @@ def test_a_load_that_does_not_fit_the_free_memory_evicts_idle_models_first(model
     use(pool, "tiny/three")  # the device's free memory, not the (absent) budget, makes room: two goes
     assert pool.evictions == ["tiny/two"] and set(pool.loaded()) == {"tiny/one", "tiny/three"}
     fake.other = fake.capacity  # someone else took the whole device: nothing idle can make room
-    with pytest.raises(NoRoom, match="tiny/two needs about .* MB on cpu .* has -?[0-9]+ MB free"):
+    with pytest.raises(NoRoom, match="tiny/two needs about [0-9]+ kB on cpu .* has -?[0-9]+ kB free"):
         use(pool, "tiny/two")
     assert "tiny/two" not in pool.loaded()
 

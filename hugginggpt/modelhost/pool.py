@@ -81,6 +81,13 @@ def torch_modules(obj: Any) -> list[Any]:
     return found
 
 
+def amount(nbytes: float) -> str:
+    """Bytes for a person: 12.3 GB, 456 MB, 89 kB."""
+    if abs(nbytes) >= 1e9:
+        return f"{nbytes / 1e9:.1f} GB"
+    return f"{nbytes / 1e6:.0f} MB" if abs(nbytes) >= 1e6 else f"{nbytes / 1e3:.0f} kB"
+
+
 def describe(obj: Any) -> tuple[str | None, str | None]:
     """The dtype and device of the model's first parameter, as text; (None, None) for a model without any."""
     try:
@@ -301,17 +308,16 @@ class ModelPool:
         size = self.registry.expected_bytes(spec)
         if not size:
             return  # unknown: loaded, then measured (_evict after the load)
-        mb = size / 1e6
         if self.budget is not None:
             self._evict(keep=spec.id, incoming=size)
             with self._guard:
                 total = sum(e.nbytes for e in self._loaded.values() if e.spec.id != spec.id)
             if total + size > self.budget:
                 if not total:
-                    raise NoRoom(f"{spec.id} needs about {mb:.0f} MB, more than memory_budget_gb allows "
-                                 f"({self.budget / 1e6:.0f} MB)")
-                raise NoRoom(f"{spec.id} needs about {mb:.0f} MB and memory_budget_gb leaves "
-                             f"{max(0, self.budget - total) / 1e6:.0f} MB{self._busy_note(spec.id)}")
+                    raise NoRoom(f"{spec.id} needs about {amount(size)}, more than memory_budget_gb allows "
+                                 f"({amount(self.budget)})")
+                raise NoRoom(f"{spec.id} needs about {amount(size)} and memory_budget_gb leaves "
+                             f"{amount(max(0, self.budget - total))}{self._busy_note(spec.id)}")
         if self.free_memory is None:
             return
         need = int(size * (1 + HEADROOM))
@@ -320,8 +326,8 @@ class ModelPool:
             if free >= need:
                 return
             if not self._evict_one(keep=spec.id):
-                raise NoRoom(f"{spec.id} needs about {need / 1e6:.0f} MB on {self.device} (weights and room to run) "
-                             f"and the device has {free / 1e6:.0f} MB free{self._busy_note(spec.id)}")
+                raise NoRoom(f"{spec.id} needs about {amount(need)} on {self.device} (weights and room to run) "
+                             f"and the device has {amount(free)} free{self._busy_note(spec.id)}")
 
     def _evict_one(self, keep: str) -> bool:
         """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
