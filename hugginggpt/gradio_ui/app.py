@@ -1,23 +1,29 @@
 """The Blocks UI: chat with text, images and audio; the plan live; outputs inline; settings and cancel per visitor.
 
-Everything a visitor owns (conversation, LLM settings, running request) is kept per browser session:
-gr.State for the conversation and settings, and `ActiveRuns` (owned by the app object, keyed by the
-session) for the request to cancel. Nothing of theirs is kept in module globals, logged or shown back.
+Everything a visitor owns (conversation, LLM settings, running request, files) is kept per browser session,
+on the server: gr.State for the conversation, the settings and the public paths of the session's files,
+`ActiveRuns` (owned by the app object, keyed by the session) for the request to cancel, and `VisitorFiles`
+for the files in Gradio's folders (what the browser uploaded, the outputs it was shown). Nothing of theirs is
+kept in module globals, logged, shown back or left in the browser; a file is used as input, or served, only
+for the visitor whose it is.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import gradio as gr
 
 from ..errors import HuggingGPTError
 from .orchestrators import Orchestrator, Run, UserError, VisitorLLM, size_text
 from .progress import COLUMNS, Progress, describe, files_of, task_title
+from .sessions import VisitorFiles, visitor_of
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,9 @@ EXAMPLES = [
     ("Draw a red rocket flying over a snowy mountain, then describe your drawing.", None),
 ]
 API_TYPES = ["openai", "azure", "local"]
+# A file an orchestrator stored or made, as a request names it (`/uploads/<32 hex>.png`, also `uploads/…`,
+# `public/uploads/…`, %-encoded or with backslashes): a session may name only its own.
+SESSION_FILE = re.compile(r"(uploads|images|audios|videos)/([0-9a-f]{32}\.[a-z0-9]{1,8})", re.IGNORECASE)
 CSS = """
 #plan table { font-size: 0.85em; }
 .gradio-container { max-width: 1400px !important; }
@@ -78,12 +87,19 @@ def error_line(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": f"⚠️ {' '.join(str(text).split())[:500]}"}
 
 
+def named_files(text: str) -> list[str]:
+    """The public paths of stored or generated files that a request's text names (`/uploads/ab….png`)."""
+    plain = unquote(text).replace("\\", "/")
+    return list(dict.fromkeys(f"/{m.group(1).lower()}/{m.group(2).lower()}" for m in SESSION_FILE.finditer(plain)))
+
+
 class Conversation:
     """One request's turn in the chat: the messages shown, kept in step with the events."""
 
-    def __init__(self, orchestrator: Orchestrator, chat: list[dict[str, Any]]):
+    def __init__(self, orchestrator: Orchestrator, chat: list[dict[str, Any]], show=None):
         self.orchestrator = orchestrator
         self.chat = chat
+        self.show = show or (lambda local: local)  # a generated file -> the copy this visitor's browser may load
         self.progress = Progress()
         self.pending: dict[int, int] = {}  # task id -> index of its message in the chat
         self.files: list[str] = []
@@ -120,9 +136,10 @@ class Conversation:
             self._task_message(event, describe(result) or "done", "done")
             for path in files_of(result):
                 local = self.orchestrator.local_file(path)
-                if local is not None and path not in self.files:
+                shown = self.show(local) if local is not None and path not in self.files else None
+                if shown is not None:
                     self.files.append(path)
-                    self.chat.append(file_message(local, f"{path} from task #{event.get('id')}"))
+                    self.chat.append(file_message(shown, f"{path} from task #{event.get('id')}"))
         elif name == "task_failed":
             what = "skipped" if event.get("skipped") else "failed"
             self._task_message(event, f"{what}: {event.get('error') or 'no reason given'}", "done")
@@ -153,9 +170,14 @@ def read_upload(path: str, limit: int) -> bytes:
 
 
 def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_upload_bytes: int = 10 * 1024 * 1024,
-              concurrency: int = 16, note: str = ""):
-    """The Gradio Blocks app; `launch.py` launches it (theme and css go to `launch`, as Gradio 6 wants)."""
+              concurrency: int | None = None, note: str = "", files: VisitorFiles | None = None):
+    """The Gradio Blocks app; `launch.py` launches it (theme and css go to `launch`, as Gradio 6 wants), with
+    `sessions.launch_options(files)`: the middleware that records uploads and keeps files to their owners.
+
+    `concurrency` bounds the chat events Gradio runs at once (None: no bound of Gradio's own; an in-process
+    engine's admission refuses a run past `max_concurrent_requests` at once, rather than Gradio queueing it)."""
     runs = ActiveRuns()
+    files = files if files is not None else VisitorFiles()
     table_value = {"headers": COLUMNS, "data": []}
 
     def plan_value(progress: Progress) -> dict[str, Any]:
@@ -163,15 +185,17 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
 
     def refused(chat: list[dict[str, Any]], why: str, box: Any) -> tuple:
         """The chat with one readable line added for this turn (not kept: the next turn starts clean of it)."""
-        return chat + [error_line(why)], gr.skip(), gr.skip(), gr.skip(), box
+        return chat + [error_line(why)], gr.skip(), gr.skip(), gr.skip(), box, gr.skip()
 
     def submit(message: dict[str, Any] | None, chat: list[dict[str, Any]] | None, history: list[dict[str, str]] | None,
-               llm: VisitorLLM | None, request: gr.Request) -> Iterator[tuple]:
+               llm: VisitorLLM | None, mine: set[str] | None, request: gr.Request) -> Iterator[tuple]:
         chat, history = list(chat or []), list(history or [])
+        mine = set(mine or ())
         message = message or {}
         text = str(message.get("text") or "").strip()
         paths = [str(p) for p in message.get("files") or []]
         cleared = {"text": "", "files": []}
+        visitor = visitor_of(request)
         if not text and not paths:
             yield refused(chat, "Type a request (and attach images or audio if it needs them).", cleared)
             return
@@ -179,11 +203,22 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
             yield refused(chat, "This app has no LLM of its own: open Settings, enter your API key (and endpoint "
                                 "for a local or Azure LLM), then Save.", message)
             return
+        foreign = [p for p in paths if not files.allowed(visitor, p)]
+        if foreign:  # a path from someone else's session, sent by hand: never read, never stored
+            yield refused(chat, f"Upload refused: {Path(foreign[0]).name} was not uploaded from this browser; "
+                                "attach the file again.", {"text": text, "files": []})
+            return
+        others = [p for p in named_files(text) if p not in mine]
+        if others:
+            yield refused(chat, f"{others[0]} is not a file of this session: attach it again (a session may use "
+                                "only the files it uploaded or its requests made).", message)
+            return
         named = []
         try:
             for p in paths:
                 public, kind = orchestrator.upload(read_upload(p, max_upload_bytes), Path(p).name)
                 named.append((p, public, kind))
+                mine.add(public.lower())
         except (UserError, OSError) as exc:
             yield refused(chat, f"Upload refused: {exc}", message)
             return
@@ -192,23 +227,35 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
         chat += [{"role": "user", "content": {"path": p, "alt_text": public}} for p, public, _ in named]
         try:
             run = orchestrator.start(history + [{"role": "user", "content": content}], llm or VisitorLLM())
-        except (UserError, HuggingGPTError) as exc:
-            yield refused(chat, str(exc), cleared)
+        except (UserError, HuggingGPTError) as exc:  # bad settings, or every slot taken: the box kept for a retry
+            yield refused(chat, str(exc), message)[:5] + (mine,)
             return
         session = request.session_hash or ""
         runs.put(session, run)
-        turn = Conversation(orchestrator, chat)
-        yield turn.chat, turn.chat, history, table_value, cleared
+
+        def show(local: Path) -> str | None:
+            """A generated file, copied into Gradio's folder for this visitor (and no one else) to load."""
+            try:
+                cached = chatbot.move_resource_to_block_cache(str(local))
+            except (OSError, ValueError):  # gone before it could be shown: the task's text still is
+                log.warning("could not show %s", local.name)
+                return None
+            files.own(visitor, cached)
+            return cached
+
+        turn = Conversation(orchestrator, chat, show)
+        yield turn.chat, turn.chat, history, table_value, cleared, mine
         try:
             for event in run:
                 turn.handle(event)
-                yield turn.chat, turn.chat, history, plan_value(turn.progress), cleared
+                mine.update(p.lower() for p in turn.files)
+                yield turn.chat, turn.chat, history, plan_value(turn.progress), cleared, mine
         finally:
             runs.drop(session, run)
             run.cancel()  # the visitor left (or the event was stopped): the request stops too
         if turn.outcome == "answered":
             history += [{"role": "user", "content": content}, {"role": "assistant", "content": turn.history_entry()}]
-        yield turn.chat, turn.chat, history, plan_value(turn.progress), cleared
+        yield turn.chat, turn.chat, history, plan_value(turn.progress), cleared, mine
 
     def cancel(request: gr.Request) -> str:
         return "Cancelling…" if runs.cancel(request.session_hash or "") else ""
@@ -237,7 +284,8 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
     with gr.Blocks(title=title, delete_cache=(3600, 86400)) as demo:  # visitors' files leave Gradio's cache
         history = gr.State([])  # what the LLM sees of the conversation: text, files named
         shown = gr.State([])  # what the chat shows: this session's, kept on the server
-        llm_state = gr.State(None)
+        llm_state = gr.State(None)  # the visitor's LLM settings: on the server only, never sent to the browser
+        mine = gr.State(set())  # the public paths of the files this session uploaded or its requests made
         gr.Markdown(f"## {title}\nAsk in plain language; attach images or audio. An LLM plans the request as "
                     "tasks, picks a Hugging Face model for each, runs them and writes the answer." +
                     (f"\n\n{note}" if note else ""))
@@ -271,8 +319,9 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
                         forget_btn = gr.Button("Forget", elem_id="forget", size="sm")
                     settings_status = gr.Markdown("", elem_id="settings-status")
 
-        chat_event = box.submit(submit, [box, shown, history, llm_state], [chatbot, shown, history, plan, box],
-                                api_name="chat", concurrency_limit=concurrency)
+        chat_event = box.submit(submit, [box, shown, history, llm_state, mine],
+                                [chatbot, shown, history, plan, box, mine], api_name="chat",
+                                concurrency_limit=concurrency)
         for trigger in (cancel_btn.click, box.stop):
             trigger(cancel, None, cancel_status, api_name="cancel" if trigger == cancel_btn.click else False,
                     concurrency_limit=None, queue=False)
@@ -283,4 +332,5 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
         clear_btn.click(cancel, None, cancel_status, api_name=False, queue=False) \
             .then(lambda: ([], [], [], table_value), None, [chatbot, shown, history, plan], api_name="clear",
                   queue=False)
+    files.public_from_config(demo.config)  # the examples, cached at build: the same for every visitor
     return demo

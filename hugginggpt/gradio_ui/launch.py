@@ -139,9 +139,9 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
     if engine.ranking == "warming":
         print("loading the model ranker (all-MiniLM-L6-v2)...", file=sys.stderr, flush=True)
     engine.warm()
-    options["allowed_paths"].append(str(config.public_dir.resolve()))
+    # public/ is not served as such: a run's outputs are copied into Gradio's folder for their visitor only
     options["max_upload_bytes"] = config.max_body_bytes
-    options["concurrency"] = config.max_concurrent_requests
+    options["slots"] = config.max_concurrent_requests  # the engine's admission: past that, refused at once
     return InProcess(engine, config), options
 
 
@@ -165,14 +165,19 @@ def serve(args: argparse.Namespace, started: float) -> int:
         import gradio as gr
 
         from .app import CSS, build_app
+        from .sessions import VisitorFiles, launch_options
 
         allowed = options.pop("allowed_paths")
-        demo = build_app(orchestrator, **options)
-        demo.queue(default_concurrency_limit=options.get("concurrency", 16))
+        slots = options.pop("slots", 64)
+        files = VisitorFiles()
+        demo = build_app(orchestrator, files=files, **options)  # chat runs unbounded by Gradio: admission decides
+        demo.queue(default_concurrency_limit=16)
         try:
+            # a thread per running chat (each waits on its events) and some to spare, so a refusal is never queued
             demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, quiet=True,
                         allowed_paths=allowed, theme=gr.themes.Soft(), css=CSS, show_error=False,
-                        max_file_size=options.get("max_upload_bytes", 10 * 1024 * 1024))
+                        max_file_size=options.get("max_upload_bytes", 10 * 1024 * 1024),
+                        max_threads=max(40, slots + 16), **launch_options(files))
         except OSError as exc:
             raise StartError(f"cannot serve on port {args.port or 7860}: {str(exc).splitlines()[0]}") from None
         stack.callback(demo.close)

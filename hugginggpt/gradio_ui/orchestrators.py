@@ -99,7 +99,8 @@ def error_event(message: str) -> dict[str, Any]:
 
 
 class InProcess:
-    """The engine in this process (`HuggingGPT.run` on a worker thread)."""
+    """The engine in this process (`HuggingGPT.run` on a worker thread), each run holding one slot of the engine's
+    admission (`max_concurrent_requests`, shared with every other door of that engine) until its work has ended."""
 
     def __init__(self, engine, config):
         from ..uploads import UploadStore
@@ -108,6 +109,7 @@ class InProcess:
         self.public = config.public_dir.resolve()
         self.uploads = UploadStore(self.public, config.upload_quota_bytes, config.max_image_pixels)
         self.max_bytes = config.max_body_bytes
+        self.slots = config.max_concurrent_requests
         self.needs_llm_settings = config.llm.api_type is None and not config.llm.api_key
 
     def upload(self, data: bytes, filename: str) -> tuple[str, str]:
@@ -119,6 +121,8 @@ class InProcess:
             raise UserError(str(exc)) from None
 
     def start(self, messages: list[dict[str, str]], llm: VisitorLLM) -> Run:
+        """Raises UserError (bad settings) or admission.Busy (every slot taken), each one line to show."""
+        from ..admission import take
         from ..chat import ChatRequest
 
         try:
@@ -126,6 +130,14 @@ class InProcess:
             self.engine.llm_for(request)  # bad settings: one line now, not a failed run later
         except HuggingGPTError as exc:
             raise UserError(str(exc)) from None
+        take(self.engine.admission, self.slots)  # Busy at once when full: never a silent queue
+        try:
+            return self._start(request)
+        except BaseException:
+            self.engine.admission.release()
+            raise
+
+    def _start(self, request) -> Run:
         run = Run()
         states: list = []
 
@@ -147,6 +159,7 @@ class InProcess:
                 log.exception("[%s] request failed", request.request_id)
                 run.put(error_event(f"internal error ({exc.__class__.__name__}); see the app's log"))
             finally:
+                self.engine.admission.release()  # the work has ended (answered, failed or cancelled)
                 run.put(None)
 
         threading.Thread(target=work, name=f"gradio-{request.request_id}", daemon=True).start()
