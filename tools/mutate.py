@@ -1345,6 +1345,22 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if self.router_url != ROUTER_URL:",
              "        if False:",
              ("tests/test_providers.py::test_a_chat_model_serves_text_generation_through_its_provider",)),
+    Mutation("gradio-run-history-kept-in-the-browser", "hugginggpt/gradio_ui/sessions.py",
+             '"run_history": False,',
+             '"run_history": True,',
+             ("tests/test_gradio_sessions.py::test_the_app_keeps_no_run_history_in_the_browser",)),
+    Mutation("gradio-files-served-to-anyone", "hugginggpt/gradio_ui/sessions.py",
+             "        return not self.guarded(path) or self.allowed(visitor, path)",
+             "        return True",
+             ("tests/test_gradio_sessions.py::test_a_visitors_upload_and_outputs_are_served_to_that_visitor_only",)),
+    Mutation("gradio-run-not-admitted", "hugginggpt/gradio_ui/orchestrators.py",
+             "        take(self.engine.admission, self.slots)  # Busy at once when full: never a silent queue",
+             "        self.engine.admission.acquire(blocking=False)",
+             ("tests/test_gradio_sessions.py::test_past_max_concurrent_requests_a_run_is_refused_at_once",)),
+    Mutation("gradio-foreign-upload-accepted", "hugginggpt/gradio_ui/app.py",
+             "        foreign = [p for p in paths if not files.allowed(visitor, p)]",
+             "        foreign = []",
+             ("tests/test_gradio_sessions.py::test_a_visitor_may_not_send_another_visitors_file_as_input",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
