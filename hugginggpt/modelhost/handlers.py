@@ -402,24 +402,28 @@ class Batchable:
     run: Callable[[Loaded, list[Any]], list[Any]]
 
 
-def _each(out: Any, n: int) -> list[Any]:
-    """A pipeline called on a list answers one entry per input; with top_k 1 the entry is a dict, not a list."""
-    out = list(out)
-    if len(out) != n:
-        raise RuntimeError(f"the pipeline gave {len(out)} outputs for {n} inputs")
+def _pipeline_each(m: Loaded, inputs: list[Any], **kwargs: Any) -> list[Any]:
+    """One pipeline call for the batch; one input alone is called as the handler calls it (no batching machinery).
+
+    A pipeline called on a list answers one entry per input; with top_k 1 the entry is a dict, not a list."""
+    if len(inputs) == 1:
+        return [plain(m.obj(inputs[0], **kwargs))]
+    out = list(m.obj(inputs, batch_size=len(inputs), **kwargs))
+    if len(out) != len(inputs):
+        raise RuntimeError(f"the pipeline gave {len(out)} outputs for {len(inputs)} inputs")
     return [plain(o if isinstance(o, list) else [o]) for o in out]
 
 
 def _classify_texts(m: Loaded, texts: list[str]) -> list[Any]:
-    return _each(m.obj(texts, batch_size=len(texts)), len(texts))
+    return _pipeline_each(m, texts)
 
 
 def _tag_texts(m: Loaded, texts: list[str]) -> list[Any]:
-    return _each(m.obj(texts, aggregation_strategy="simple", batch_size=len(texts)), len(texts))
+    return _pipeline_each(m, texts, aggregation_strategy="simple")
 
 
 def _classify_images(m: Loaded, images: list[Any]) -> list[Any]:
-    return _each(m.obj(images, batch_size=len(images)), len(images))
+    return _pipeline_each(m, images)
 
 
 def _similarities(m: Loaded, pairs: list[tuple[str, str]]) -> list[Any]:
