@@ -65,7 +65,25 @@ def test_concurrent_calls_share_a_batch_and_each_gets_its_own_result():
     assert sorted(size for *_, size in out) == [1] + [7] * 7
 
 
-def test_batches_hold_at_most_max_size_and_keys_never_mix():
+def test_batches_hold_at_most_max_size():
+    """Eight callers gather while the first runs; with max_size 3 they leave in batches of at most three."""
+    batcher = Batcher(max_size=3, wait_s=5.0)
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not sizes:  # hold the first until every other caller has joined a batch
+            deadline = time.monotonic() + 20
+            while batcher._keys["m"].users < 8 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        sizes.append(len(items))
+        return [x + 100 for x in items]
+
+    out = submit_all(batcher, list(range(8)), run)
+    assert [value for _, value, _ in out] == [x + 100 for x in range(8)]
+    assert sorted(sizes) == [1, 1, 3, 3], sizes
+
+
+def test_keys_never_share_a_batch():
     seen: list[tuple[str, int]] = []
 
     def run_for(key: str):
@@ -75,7 +93,7 @@ def test_batches_hold_at_most_max_size_and_keys_never_mix():
             return [item.upper() for item in items]
         return run
 
-    batcher = Batcher(max_size=3, wait_s=0.2)
+    batcher = Batcher(max_size=4, wait_s=0.2)
     results: dict[str, list] = {}
 
     def burst(key: str) -> None:
@@ -87,7 +105,6 @@ def test_batches_hold_at_most_max_size_and_keys_never_mix():
     for key in ("a", "b"):
         assert [value for _, value, _ in results[key]] == [f"{key.upper()}{k}" for k in range(7)]
         assert sum(n for k, n in seen if k == key) == 7
-    assert max(n for _, n in seen) <= 3
 
 
 def test_a_lone_caller_does_not_wait_for_company():

@@ -58,6 +58,7 @@ def test_versions_we_cannot_serve_fail_clearly(monkeypatch, capsys):
 
 
 def test_the_validators_catch_what_half_precision_breaks(tmp_path):
+    """NaN audio, black images, NaN scores, missing text, memory that eviction did not give back."""
     (tmp_path / "images").mkdir()
     (tmp_path / "audios").mkdir()
     Image.new("RGB", (16, 16), (0, 0, 0)).save(tmp_path / "images" / "black.png")
@@ -74,6 +75,10 @@ def test_the_validators_catch_what_half_precision_breaks(tmp_path):
     assert check("text-classification", [{"label": "POSITIVE", "score": 0.7}], tmp_path) is None
     assert "not text" in check("summarization", {"generated text": None}, tmp_path)
     assert check("token-classification", [], tmp_path) is None and check("image-classification", [], tmp_path)
+    # eviction: two 90 kB models in turns; a model that was not freed adds its size to the later readings
+    assert gpu_check.memory_given_back([90_000, 88_000, 90_000, 88_000], 88_000) == ([0, 0], None)
+    leaks, why = gpu_check.memory_given_back([90_000, 88_000, 178_000, 176_000], 88_000)
+    assert leaks == [88_000, 88_000] and "did not come back" in why
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.py", "bench/models_throughput.py"])

@@ -297,9 +297,7 @@ class ModelPool:
         return int(torch.cuda.memory_allocated(self.device))
 
     def _busy_note(self, keep: str) -> str:
-        with self._guard:
-            others = [mid for mid in self._loaded if mid != keep]
-        busy = [mid for mid in others if self._lock_for(mid).locked()]
+        busy = [mid for mid in self._lru_order(keep) if self._lock_for(mid).locked()]
         return f"; in use now: {', '.join(busy)}; try again when they finish" if busy else ""
 
     def _make_room(self, spec: ModelSpec) -> None:
@@ -329,11 +327,14 @@ class ModelPool:
                 raise NoRoom(f"{spec.id} needs about {amount(need)} on {self.device} (weights and room to run) "
                              f"and the device has {amount(free)} free{self._busy_note(spec.id)}")
 
+    def _lru_order(self, keep: str) -> list[str]:
+        """The loaded models other than `keep`, least recently used first."""
+        with self._guard:
+            return [mid for mid in self._loaded if mid != keep]
+
     def _evict_one(self, keep: str) -> bool:
         """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
-        with self._guard:
-            order = [mid for mid in self._loaded if mid != keep]
-        for mid in order:
+        for mid in self._lru_order(keep):
             if self._drop(mid):
                 self._release_cache()
                 return True
@@ -365,10 +366,8 @@ class ModelPool:
         idle one with `everything`; True when one was dropped."""
         if self.budget is None and not everything:
             return False
-        with self._guard:
-            order = [mid for mid in self._loaded if mid != keep]
         dropped = False
-        for mid in order:
+        for mid in self._lru_order(keep):
             with self._guard:
                 total = sum(e.nbytes for e in self._loaded.values())
             if not everything and total + incoming <= self.budget:
