@@ -296,6 +296,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
             return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
         return send_public_file(public, filename)
 
+    from .httpbody import BODY_GATE
+    app.extensions[BODY_GATE] = body_gate(config, metrics)  # `serve` refuses on the headers what guard would
     return app
 
 
@@ -317,6 +319,43 @@ def _timed_channel_class():
             super().__init__(*args, **kwargs)
 
     return TimedChannel
+
+
+def body_gate(config: Config, metrics: Any = None) -> Any:
+    """What `guard` and the body limit refuse on the headers alone, for `httpbody`: such a request is answered
+    (the same status, message and JSON) before waitress reads its body; `guard` and `too_large` stay."""
+    from .httpbody import BodyGate, Refusal
+    from .mcp.mount import PATH as MCP_PATH
+    from .mcp.mount import REFUSED as MCP_REFUSED
+
+    tokens = config.api_tokens
+
+    def check(method: str, path: str, headers: Any) -> Refusal | None:
+        if not tokens or method == "OPTIONS" or path not in API_ROUTES:
+            return None
+        header = headers.get("Authorization")
+        if bearer_token(header) is None:
+            return Refusal(401, "this server needs `Authorization: Bearer <token>` (one of its api_tokens)",
+                           Unauthorized.kind)
+        if not bearer_ok(header, tokens):
+            return Refusal(403, "the bearer token is not one of this server's api_tokens", Forbidden.kind)
+        return None
+
+    def render(path: str, refusal: Refusal) -> dict[str, Any]:
+        """The body error_response gives, or at /mcp the JSON-RPC error mount's refusal_as_json_rpc makes of it."""
+        if path == MCP_PATH:
+            return {"jsonrpc": "2.0", "id": None, "error": {"code": MCP_REFUSED, "message": refusal.message,
+                                                            "data": {"type": refusal.kind, "status": refusal.status}}}
+        error: dict[str, Any] = {"message": refusal.message, "type": refusal.kind}
+        if path.startswith("/v1/"):  # OpenAI's shape, as error_response gives it
+            error.update(param=None, code=None)
+        return {"error": error}
+
+    def observe(method: str, path: str, refusal: Refusal) -> None:
+        if metrics is not None:
+            metrics.http_requests.labels(path if path in API_ROUTES else "other", str(refusal.status)).inc()
+
+    return BodyGate(config.max_body_bytes, check, render=render, observe=observe)
 
 
 def overdue(channel: Any, now: float, limits: HttpLimits) -> str | None:
@@ -477,6 +516,8 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
     """
     from waitress import create_server
 
+    from .httpbody import gate_of, guard_bodies
+
     limits = limits or HttpLimits()
     connection_limit = _raise_file_limit(limits.connection_limit)
     if connection_limit < limits.connection_limit:
@@ -491,6 +532,9 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
         print(address_problem(host, port, exc, port_option), file=sys.stderr)
         return 2
     guard_slow_clients(server, limits)
+    gate = gate_of(app)
+    if gate is not None:  # refusals on the headers: a token missing, a body too large (before it is read)
+        guard_bodies(_listeners(server), gate)
     limit_connections_per_client(server, replace(limits, connection_limit=connection_limit))
     try:
         server.run()

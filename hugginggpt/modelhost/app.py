@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from flask import Flask, Response, jsonify, request
@@ -15,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..access import allowed_host_names, bearer_ok, host_allowed, host_name, origin_is_local_or_same, send_public_file
 from ..errors import BadRequest, ResourceError
+from ..httpbody import BODY_GATE, BodyGate, Refusal
 from ..resources import DEFAULT_MAX_PIXELS
 from ..urlpolicy import UrlPolicy
 from .batching import batch_size_var
@@ -201,4 +203,11 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         """Files this server generated, for an orchestrator that runs on another machine."""
         return send_public_file(public_dir, f"{folder}/{name}")
 
+    def check(method: str, path: str, headers: Mapping[str, str]) -> Refusal | None:
+        """`authorize`'s token check on the headers alone, so a body without the token is never read."""
+        if tokens and not bearer_ok(headers.get("Authorization"), tokens):
+            return Refusal(401, "this models server needs `Authorization: Bearer <models_server_token>`", None)
+        return None
+
+    app.extensions[BODY_GATE] = BodyGate(max_body_bytes, check, too_large_kind=None)  # read by server.serve
     return app
