@@ -101,12 +101,9 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         origin = request.headers.get("Origin")
         if origin and not origin_allowed(origin):
             raise Forbidden(f"requests from the web origin {origin[:100]} are not allowed; add it to cors_origins")
-        if config.api_tokens:
-            header = request.headers.get("Authorization")
-            if bearer_token(header) is None:
-                raise Unauthorized("this server needs `Authorization: Bearer <token>` (one of its api_tokens)")
-            if not bearer_ok(header, config.api_tokens):
-                raise Forbidden("the bearer token is not one of this server's api_tokens")
+        refused = token_problem(request.headers.get("Authorization"), config.api_tokens)
+        if refused is not None:
+            raise refused
 
     @app.after_request
     def no_sniff(resp: Response) -> Response:
@@ -321,6 +318,18 @@ def _timed_channel_class():
     return TimedChannel
 
 
+def token_problem(header: str | None, tokens: tuple[str, ...]) -> HuggingGPTError | None:
+    """Why a request to an API route is refused for its token (None: no tokens configured, or a right one);
+    one rule for `guard` and for the body gate that answers before a body is read."""
+    if not tokens:
+        return None
+    if bearer_token(header) is None:
+        return Unauthorized("this server needs `Authorization: Bearer <token>` (one of its api_tokens)")
+    if not bearer_ok(header, tokens):
+        return Forbidden("the bearer token is not one of this server's api_tokens")
+    return None
+
+
 def body_gate(config: Config, metrics: Any = None) -> Any:
     """What `guard` and the body limit refuse on the headers alone, for `httpbody`: such a request is answered
     (the same status, message and JSON) before waitress reads its body; `guard` and `too_large` stay."""
@@ -333,13 +342,8 @@ def body_gate(config: Config, metrics: Any = None) -> Any:
     def check(method: str, path: str, headers: Any) -> Refusal | None:
         if not tokens or method == "OPTIONS" or path not in API_ROUTES:
             return None
-        header = headers.get("Authorization")
-        if bearer_token(header) is None:
-            return Refusal(401, "this server needs `Authorization: Bearer <token>` (one of its api_tokens)",
-                           Unauthorized.kind)
-        if not bearer_ok(header, tokens):
-            return Refusal(403, "the bearer token is not one of this server's api_tokens", Forbidden.kind)
-        return None
+        refused = token_problem(headers.get("Authorization"), tokens)
+        return Refusal(refused.status, str(refused), refused.kind) if refused is not None else None
 
     def render(path: str, refusal: Refusal) -> dict[str, Any]:
         """The body error_response gives, or at /mcp the JSON-RPC error mount's refusal_as_json_rpc makes of it."""
