@@ -90,6 +90,8 @@ class Executor:
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
+            if state.cancelled.is_set():  # the client left while the inputs were read: no model runs for nobody
+                return collect_result(task, sel.choose(), {"error": {"message": "cancelled (the client went away)"}})
             if backend_name in refused:
                 skipped += 1
                 continue

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import cancel
 from .backends import Backend
 from .catalog import Catalog, ModelCard, Ranker, RankQuery
 from .catalog.scoring import Factors
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 LLM_MODEL_ID = "ChatGPT"  # JARVIS's name for "the LLM answers this text task itself"
 RESOURCE_ARGS = ("image", "audio", "video")
+MAX_STATUS_ENTRIES = 10_000  # cached status answers; past it, expired ones go (then all)
 PERMIT_ROUNDS = 8  # searches past denied rows per task: 10 + 20 + ... + 1280 rows at most
 
 
@@ -99,6 +101,9 @@ class Availability:
         return hit[0] if hit and hit[1] > now else None
 
     def _check(self, backend: str, model_id: str) -> bool:
+        # shared work, cached for every request: the client that asked first leaving must not cut the check
+        # (a cut check would read "not available" for everyone); status_timeout bounds it
+        cancel.CURRENT.set(None)
         now = time.monotonic()
         with self._lock:
             hit = self._cached(backend, model_id, now)
@@ -107,6 +112,10 @@ class Availability:
         ok = self.backends[backend].is_available(model_id)
         if self.ttl > 0:
             with self._lock:
+                if len(self._cache) >= MAX_STATUS_ENTRIES:  # ids a caller names (MCP run_model) come and go
+                    self._cache = {k: v for k, v in self._cache.items() if v[1] > now}
+                    if len(self._cache) >= MAX_STATUS_ENTRIES:
+                        self._cache.clear()
                 self._cache[(backend, model_id)] = (ok, now + self.ttl)
         return ok
 

@@ -47,7 +47,7 @@ class StreamWork:
         if state is not None:
             state.cancel()
 
-    def start(self, body: Callable[[], None], slot: ReleaseWhenAll | None, name: str) -> None:
+    def start(self, body: Callable[[], None], slot: ReleaseWhenAll | None, name: str) -> threading.Thread:
         """Run `body` on a new thread (in a copy of this context); `slot`, if any, is held until it returns."""
         if slot is not None:
             slot.add("work")
@@ -59,7 +59,14 @@ class StreamWork:
                 if slot is not None:
                     slot.done("work")
 
-        threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True).start()
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(run,), name=name, daemon=True)
+        try:
+            thread.start()
+        except BaseException:  # no thread to give the slot back ("can't start new thread"): give it back here
+            if slot is not None:
+                slot.done("work")
+            raise
+        return thread
 
 
 class DisconnectWatch:
@@ -86,8 +93,9 @@ class DisconnectWatch:
         with self._lock:
             self._watched[key] = (disconnected, work)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="disconnect-watch", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="disconnect-watch", daemon=True)
+                thread.start()  # may fail (no more threads): the next request tries again
+                self._thread = thread
             self._wake.notify()
         try:
             yield work

@@ -345,15 +345,22 @@ class _Watch:
                     if sock in self._in_use:
                         self._in_use.remove(sock)
 
+    def unregister(self, sock: socket.socket | None) -> None:
+        """`sock` went back to its pool: another request may use it next."""
+        with self._lock:
+            if sock in self._sockets:
+                self._sockets.remove(sock)
+
     def fire(self) -> None:
-        """The deadline passed."""
+        """The deadline passed. Sockets are shut down under the lock, so none is shut after its owner let it go
+        back to a pool (`using`, `unregister`); a shutdown never blocks."""
         with self._lock:
             if self.done:
                 return
             self.fired = True
-            sockets, self._sockets = self._sockets, []
-        for sock in sockets:
-            _shutdown(sock)
+            for sock in self._sockets:
+                _shutdown(sock)
+            self._sockets = []
 
     def cancel(self) -> None:
         """The request was cancelled: every socket of the scope is shut down, those of httpx2 streams too."""
@@ -361,10 +368,10 @@ class _Watch:
             if self.done:
                 return
             self.cancelled = True
-            in_use, self._in_use = self._in_use, []
+            for sock in self._in_use:
+                _shutdown(sock)
+            self._in_use = []
         self.fire()
-        for sock in in_use:
-            _shutdown(sock)
 
     def finish(self) -> None:
         with self._lock:
@@ -470,11 +477,22 @@ class WatchedHTTPSConnection(_WatchedMixin, urllib3.connection.HTTPSConnection):
     pass
 
 
-class WatchedHTTPConnectionPool(urllib3.HTTPConnectionPool):
+class _UnwatchedOnReturn:
+    """A connection back in its pool leaves the thread's scope: the next request to take it is not the one
+    whose deadline or cancel the scope is for."""
+
+    def _put_conn(self, conn: Any) -> None:
+        watch = getattr(_scope, "watch", None)
+        if watch is not None and conn is not None:
+            watch.unregister(getattr(conn, "sock", None))
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class WatchedHTTPConnectionPool(_UnwatchedOnReturn, urllib3.HTTPConnectionPool):
     ConnectionCls = WatchedHTTPConnection
 
 
-class WatchedHTTPSConnectionPool(urllib3.HTTPSConnectionPool):
+class WatchedHTTPSConnectionPool(_UnwatchedOnReturn, urllib3.HTTPSConnectionPool):
     ConnectionCls = WatchedHTTPSConnection
 
 

@@ -5,6 +5,7 @@ HF_ENDPOINT and `huggingface.router_url` point at the fake, so nothing leaves lo
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,20 @@ def test_allowed_providers_decide_availability_and_order(router, public_dir):
     with pytest.raises(BackendError, match=r"no Inference Provider among huggingface.providers \(together\) serves"):
         backend(url, public_dir, status_ttl=0, providers=("together",)).infer(
             FLUX, TaskInputs("text-to-image", text="a boat"))
+
+
+def test_a_provider_silent_for_task_timeout_is_one_providers_failure(router, public_dir):
+    """fal-ai hangs past task_timeout (1 s) well inside the request's deadline: replicate is asked next."""
+    from hugginggpt.urlpolicy import deadline_scope
+
+    fake, url = router
+    fake.hangs["fal-ai"] = 3.0
+    hosted = backend(url, public_dir, status_ttl=0, timeout=1.0, providers=("fal-ai", "replicate"))
+    with deadline_scope(time.monotonic() + 60):  # the request's deadline, as execute.py sets it
+        result = hosted.infer(FLUX, TaskInputs("text-to-image", text="a boat"))
+    assert result["provider"] == "replicate"
+    [failed] = result["fallback"]["tried"]
+    assert failed["provider"] == "fal-ai" and "timed out (no answer for 1s)" in failed["error"]
 
 
 def test_provider_availability_is_cached(router, public_dir):

@@ -26,20 +26,38 @@ def test_the_slot_comes_back_when_the_response_and_the_work_are_both_done(work_e
     take(slots, 1)
     slot = ReleaseWhenAll(slots, "response")
     go, ended = threading.Event(), threading.Event()
-    StreamWork("r1").start(lambda: (go.wait(10), ended.set()), slot, "test-work")
+    thread = StreamWork("r1").start(lambda: (go.wait(10), ended.set()), slot, "test-work")
     if work_ends_first:
         go.set()
-        assert ended.wait(10)
-        threading.Event().wait(0.05)  # the thread's finally runs after the body
+        thread.join(10)
+        assert ended.is_set() and not thread.is_alive()
         assert not free(slots), "the slot came back while the client was still being answered"
         slot.done("response")
     else:
         slot.done("response")  # the client left; the work goes on for a while
-        threading.Event().wait(0.1)
+        assert not ended.wait(0.1)
         assert not free(slots), "the slot came back while the work still ran"
         go.set()
-        assert ended.wait(10)
-        threading.Event().wait(0.05)
+        thread.join(10)
+        assert ended.is_set() and not thread.is_alive()
+    assert free(slots)
+
+
+def test_a_work_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    from hugginggpt.streamwork import StreamWork
+
+    slots = local_slots(1)
+    take(slots, 1)
+    slot = ReleaseWhenAll(slots, "response")
+
+    def no_threads(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_threads)
+    with pytest.raises(RuntimeError):
+        StreamWork("r3").start(lambda: None, slot, "test-work")
+    monkeypatch.undo()
+    slot.done("response")  # admitted() gives the response's part back when the route raises
     assert free(slots)
 
 

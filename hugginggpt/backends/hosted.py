@@ -29,7 +29,7 @@ import requests
 from .. import cancel
 from ..errors import BackendError
 from ..resources import decode_image, save_bytes, save_image
-from ..urlpolicy import bound_by_deadlines, deadline_scope, redact_urls_in, watched_adapter
+from ..urlpolicy import bound_by_deadlines, current_deadline, deadline_scope, redact_urls_in, watched_adapter
 from . import HostedFailure, TaskInputs
 from .normalize import draw_boxes, overlay_masks
 
@@ -212,7 +212,8 @@ class HostedInference:
         started = time.perf_counter()
         outcome = "error"
         try:
-            with deadline_scope(time.monotonic() + self.timeout) as watch, self._rerouted():
+            request_deadline = current_deadline()  # the request's, before this call's own task_timeout scope
+            with deadline_scope(time.monotonic() + self.timeout), self._rerouted():
                 try:
                     result = handler(self, client, model, inputs)
                     outcome = "ok"
@@ -220,7 +221,9 @@ class HostedInference:
                 except BackendError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
-                    left = watch.deadline - time.monotonic() if watch is not None else 1.0
+                    # only the request's deadline ends every hosted try: a provider silent for task_timeout
+                    # is one provider's failure, and the next one is asked
+                    left = request_deadline - time.monotonic() if request_deadline is not None else 1.0
                     outcome, line, final = self._failure(exc, label, model_id, left)
                     raise HostedFailure(f"hosted inference of {model_id} failed: {line}",
                                         [{"model": model_id, "hosted_on": self.name, "provider": label, "error": line}],

@@ -165,13 +165,13 @@ class Tools:
         if not selector.permitted(model):
             raise Forbidden(f"{model} is not permitted here (allowed_models / denied_models)")
         order = selector.backends_in_order()
-        found = self.engine.availability.check([model], order)
-        backend = next((b for b in order if model in found.get(b, [])), None)
-        if backend is None:
-            where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
-            raise BadRequest(f"{model} is not available on {where}")
-        request = ChatRequest(messages=[{"role": "user", "content": f"run {planned.task} on {model}"}])
-        with self.admitted():
+        with self.admitted():  # the status checks of a caller-named id are work too
+            found = self.engine.availability.check([model], order)
+            backend = next((b for b in order if model in found.get(b, [])), None)
+            if backend is None:
+                where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
+                raise BadRequest(f"{model} is not available on {where}")
+            request = ChatRequest(messages=[{"role": "user", "content": f"run {planned.task} on {model}"}])
             state = RequestState(request, self.engine.llm_for(request), None, self.config.request_timeout)
             chosen: Future = Future()
             chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller",

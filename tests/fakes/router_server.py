@@ -60,6 +60,7 @@ class FakeRouter:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {"pipeline_tag", "served": [Served]}
     preferences: dict[str, list[str]] = field(default_factory=dict)  # token -> providers in the user's order
     failures: dict[str, int] = field(default_factory=dict)  # provider -> HTTP status it answers with
+    hangs: dict[str, float] = field(default_factory=dict)  # provider -> seconds it waits before answering
     calls: list[dict[str, Any]] = field(default_factory=list)
     hub_calls: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -72,6 +73,7 @@ class FakeRouter:
     def reset(self) -> None:
         with self.lock:
             self.failures.clear()
+            self.hangs.clear()
             self.calls.clear()
             self.hub_calls.clear()
 
@@ -113,6 +115,8 @@ class FakeRouter:
                                "content_type": request.headers.get("Content-Type"), **extra})
 
     def failure(self, provider: str, model: str | None) -> tuple[Response, int] | None:
+        if provider in self.hangs:
+            time.sleep(self.hangs[provider])
         status = self.failures.get(provider)
         if status is None:
             return None
