@@ -4,7 +4,9 @@ Builds a BERT-base-shaped text classifier (random weights; 4 layers of width 256
 build in seconds, large enough that the model, not HTTP, is most of a request), starts models_server.py twice on
 loopback (`max_batch_size: 1`, and batching with `max_batch_size` / `batch_wait_ms`), and drives each with 1, 8
 and 32 callers in a closed loop (each sends its next request when its last one is answered) over keep-alive
-HTTP. Both servers run side by side; at each level the unbatched one is measured first, then the batched one.
+HTTP. Both servers run side by side; at each level the unbatched one is measured first, then the batched one,
+except at 1 caller, where the one caller alternates between them (the p50 ratio at 1 caller is the goal that a
+shared machine's drift would blur most).
 
 Reports requests/s, p50 / p99 latency, the server's CPU per request (its utime + stime over the window) and the
 mean batch size (X-Batch-Size). Goals (issue 28): at 32 callers at least 3x the requests/s of no batching; at
@@ -61,67 +63,82 @@ def server_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def drive(url: str, pid: int, callers: int, seconds: float, texts: list[str]) -> dict:
-    """`callers` closed-loop callers for `seconds` after a warm-up second; latencies of the window only."""
-    latencies: list[float] = []
-    sizes: list[int] = []
+def drive(targets: dict[str, tuple[str, int]], callers: int, seconds: float, texts: list[str]) -> dict[str, dict]:
+    """`callers` closed-loop callers for `seconds` after a warm-up second; latencies of the window only.
+
+    With several targets (name -> (url, server pid)) each caller sends its requests to them in turn, so they are
+    measured in the same moments (what one caller does: on a shared machine, the load of the moment is the
+    same for both); returns the figures per target."""
+    names = list(targets)
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    sizes: dict[str, list[int]] = {name: [] for name in names}
     errors: list[str] = []
     lock = threading.Lock()
     state = {"measuring": False, "stop": False}
     gate = threading.Barrier(callers + 1)
-
-    host, port = url.removeprefix("http://").split(":")
     bodies = [json.dumps({"text": t}).encode() for t in texts]
     headers = {"Content-Type": "application/json"}
 
+    def connect(name: str) -> http.client.HTTPConnection:
+        host, port = targets[name][0].removeprefix("http://").split(":")
+        return http.client.HTTPConnection(host, int(port), timeout=120)
+
     def caller(k: int) -> None:
-        # http.client on one keep-alive connection: the lightest client, so that on a small machine the callers'
+        # http.client on keep-alive connections: the lightest client, so that on a small machine the callers'
         # own CPU takes as little as it can from the server under test
-        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        conns = {name: connect(name) for name in names}
         n = k
         gate.wait()
         while not state["stop"]:
+            name = names[(n // callers) % len(names)]
             body = bodies[n % len(bodies)]
             n += callers
             t0 = time.perf_counter()
             try:
-                conn.request("POST", f"/models/{MODEL}", body, headers)
-                resp = conn.getresponse()
+                conns[name].request("POST", f"/models/{MODEL}", body, headers)
+                resp = conns[name].getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
                 with lock:
-                    errors.append(str(exc)[:200])
-                conn.close()
-                conn = http.client.HTTPConnection(host, int(port), timeout=120)
+                    errors.append(f"{name}: {str(exc)[:200]}")
+                conns[name].close()
+                conns[name] = connect(name)
                 continue
             took = time.perf_counter() - t0
             if state["measuring"] and not state["stop"]:
                 with lock:
                     if resp.status == 200:
-                        latencies.append(took)
-                        sizes.append(int(resp.getheader("X-Batch-Size", "1")))
+                        latencies[name].append(took)
+                        sizes[name].append(int(resp.getheader("X-Batch-Size", "1")))
                     else:
-                        errors.append(f"{resp.status} {data[:200]!r}")
-        conn.close()
+                        errors.append(f"{name}: {resp.status} {data[:200]!r}")
+        for conn in conns.values():
+            conn.close()
 
     threads = [threading.Thread(target=caller, args=(k,), daemon=True) for k in range(callers)]
     [t.start() for t in threads]
     gate.wait()
     time.sleep(1.0)  # warm-up: every caller in its loop, batches at their steady size
-    cpu0, t0, own0 = server_cpu_seconds(pid), time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = {name: server_cpu_seconds(pid) for name, (_, pid) in targets.items()}
+    t0, own0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
     state["measuring"] = True
     time.sleep(seconds)
     state["stop"] = True
-    window, cpu = time.perf_counter() - t0, server_cpu_seconds(pid) - cpu0
+    window = time.perf_counter() - t0
+    cpu = {name: server_cpu_seconds(pid) - cpu0[name] for name, (_, pid) in targets.items()}
     own1 = resource.getrusage(resource.RUSAGE_SELF)
     client = own1.ru_utime + own1.ru_stime - own0.ru_utime - own0.ru_stime
     [t.join(120) for t in threads]
-    lat = sorted(latencies)
-    return {"rps": len(lat) / window, "p50": statistics.median(lat) * 1000 if lat else float("nan"),
-            "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else float("nan"),
-            "cpu_ms": cpu / max(1, len(lat)) * 1000, "client_ms": client / max(1, len(lat)) * 1000,
-            "batch": statistics.mean(sizes) if sizes else float("nan"),
-            "n": len(lat), "errors": errors}
+    total = sum(len(v) for v in latencies.values())
+    out = {}
+    for name in names:
+        lat = sorted(latencies[name])
+        out[name] = {"rps": len(lat) / window, "p50": statistics.median(lat) * 1000 if lat else float("nan"),
+                     "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000 if lat else float("nan"),
+                     "cpu_ms": cpu[name] / max(1, len(lat)) * 1000, "client_ms": client / max(1, total) * 1000,
+                     "batch": statistics.mean(sizes[name]) if sizes[name] else float("nan"), "n": len(lat),
+                     "errors": [e for e in errors if e.startswith(name)]}
+    return out
 
 
 def main() -> int:
@@ -161,7 +178,14 @@ def main() -> int:
               f"{time.strftime('%Y-%m-%d')}", flush=True)
         rows = []
         for callers in args.callers:
-            got = {name: drive(url, proc.pid, callers, args.seconds, texts) for name, (proc, url) in servers.items()}
+            targets = {name: (url, proc.pid) for name, (proc, url) in servers.items()}
+            if callers == 1:  # one caller: alternate between the two servers, measured in the same moments
+                got = drive(targets, 1, 2 * args.seconds, texts)
+                for r in got.values():
+                    r["rps"] *= 2  # each server had half of the caller's time
+            else:
+                got = {name: drive({name: target}, callers, args.seconds, texts)[name]
+                       for name, target in targets.items()}
             rows.append((callers, got))
             for name, r in got.items():
                 if r["errors"]:

@@ -67,7 +67,7 @@ def test_concurrent_calls_share_a_batch_and_each_gets_its_own_result():
 
 def test_batches_hold_at_most_max_size():
     """Eight callers gather while the first runs; with max_size 3 they leave in batches of at most three."""
-    batcher = Batcher(max_size=3, wait_s=5.0)
+    batcher = Batcher(max_size=3, wait_s=0.05)
     sizes: list[int] = []
 
     def run(items: list[int]) -> list[int]:

@@ -4,12 +4,13 @@ Plain data in and out: `Batcher.submit(key, item, run)` blocks until `run(items)
 `item`, and returns that item's own result, or raises that item's own exception. Nothing here knows of HTTP or
 of models; the engine (`engine.py`) decides what a key and an item are.
 
-How a batch forms. The first caller of a key with no open batch leads it. If the model is busy with an earlier
-batch, the new batch keeps taking callers until that one ends (or it holds `max_size`), so callers gather while
-they would have waited anyway. If the model is idle, the leader waits at most `wait_s` for company, but only when
-the key's previous batch had company: one caller at a time (the previous batch held one) runs at once, so
-batching costs a lone caller nothing (the first batch of a key runs at once too; it usually loads the model,
-and the callers who arrive meanwhile gather). One batch per key runs at a time.
+How a batch forms. The first caller of a key with no open batch leads it. While the model is busy with an earlier
+batch, the new batch keeps taking callers (up to `max_size`), so callers gather while they would have waited
+anyway. Once the model is free for it, the batch runs at once if it is full or if the key's previous batch held
+one caller (one caller at a time never waits: batching costs a lone caller nothing; a key's first batch runs at
+once too, and usually loads the model while the next callers gather); otherwise it waits at most `wait_s` more
+for company, which merges callers who were a few milliseconds behind into one larger batch. One batch per key
+runs at a time.
 
 Errors. `run` returns one result per item, where an item's result may be an exception (that caller's alone).
 If `run` raises, every caller of the batch gets the exception: the engine's `run` uses `each_or_batch`, which
@@ -100,13 +101,12 @@ class Batcher:
 
     def _lead(self, k: _Key, batch: _Batch, run: Callable[[list[Any]], list[Any]]) -> None:
         try:
-            with self._lock:
-                if k.last_size > 1 and not k.runner.locked():  # company is likely: wait a little for it
-                    deadline = time.monotonic() + self.wait_s
-                    while k.open is batch and (left := deadline - time.monotonic()) > 0:
-                        self._changed.wait(left)
             with k.runner:  # while an earlier batch runs, this one keeps filling
                 with self._lock:
+                    if k.last_size > 1:  # company is likely: wait a little for more of it
+                        deadline = time.monotonic() + self.wait_s
+                        while k.open is batch and (left := deadline - time.monotonic()) > 0:
+                            self._changed.wait(left)
                     if k.open is batch:
                         k.open = None
                     k.last_size = len(batch.items)
