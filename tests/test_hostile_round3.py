@@ -213,6 +213,22 @@ def test_mcp_calls_draw_from_the_same_slots_as_http(held_server, silent_llm):
     wait_for("requests still in flight", lambda: in_flight(held_server.url) == 0, 8)
 
 
+@pytest.mark.parametrize("tool", ["plan", "hugginggpt"])
+def test_an_mcp_caller_that_leaves_stops_its_work(held_server, silent_llm, tool):
+    """An MCP tool call over HTTP whose client hangs up is cancelled like any other request."""
+    wait_for("the LLM is still held from before", lambda: silent_llm.open == 0)
+    host, port = held_server.url.removeprefix("http://").split(":")
+    body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": {"name": tool, "arguments": {"text": "caption a photo"}}}).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                     f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                     + body)
+        wait_for("the call never reached the LLM", lambda: silent_llm.open == 1)
+    wait_for("the LLM call of an MCP caller that left was not closed", lambda: silent_llm.open == 0, 8)
+    wait_for("the call still runs after its client left", lambda: in_flight(held_server.url) == 0, 8)
+
+
 @pytest.fixture(scope="module")
 def open_server(tmp_path_factory, llm_server, models_server, public_dir):
     """The default access settings: no api_tokens."""

@@ -12,16 +12,20 @@ import asyncio
 import json
 import logging
 import threading
+import uuid
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, request
 
 from ..chat import HuggingGPT
+from ..streamwork import DisconnectWatch, StreamWork
 
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
 START_TIMEOUT = 30.0
+CALL_HEADER = "X-HuggingGPT-MCP-Call"
+CALL_ENVIRON = "HTTP_" + CALL_HEADER.upper().replace("-", "_")  # set by the server: a client's own is replaced
 REFUSED = -32001  # JSON-RPC "server error" range: refused before the MCP server saw the request
 
 
@@ -32,6 +36,16 @@ class McpEndpoint:
         self.engine = engine
         self._lock = threading.Lock()
         self._wsgi: Any = None
+        self.calls: dict[str, StreamWork] = {}  # CALL_HEADER -> the call's work, while its HTTP request runs
+
+    def call_of(self, ctx: Any) -> StreamWork | None:
+        """The work of the tool call `ctx` is for (found by the header `mount` put in its request)."""
+        try:
+            request = ctx.request_context.request
+        except (AttributeError, ValueError):
+            return None
+        key = request.headers.get(CALL_HEADER) if request is not None else None
+        return self.calls.get(key) if key else None
 
     def wsgi(self) -> Any:
         with self._lock:
@@ -45,7 +59,7 @@ class McpEndpoint:
 
         from .tools import build_server
 
-        server = build_server(self.engine)
+        server = build_server(self.engine, calls=self.call_of)
         logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # a line per call otherwise
         # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
         asgi = server.streamable_http_app(
@@ -72,6 +86,7 @@ class McpEndpoint:
 def mount(app: Flask, engine: HuggingGPT) -> None:
     """Serve MCP at `/mcp` (the caller puts the path under its token and Origin guard)."""
     endpoint = McpEndpoint(engine)
+    disconnects = DisconnectWatch()
 
     def mcp() -> Response:
         if request.method != "POST":
@@ -82,7 +97,18 @@ def mount(app: Flask, engine: HuggingGPT) -> None:
                                            "no session to delete)"}}), 405, mimetype="application/json")
             resp.headers["Allow"] = "POST"
             return resp
-        return Response.from_app(endpoint.wsgi(), request.environ)
+        # the call's client leaving cancels its work, as for the other routes: a key only this server sets
+        # links the tool call, on the MCP event loop's threads, to this request's connection
+        environ = request.environ
+        key = uuid.uuid4().hex
+        environ[CALL_ENVIRON] = key
+        disconnected = environ.get("waitress.client_disconnected")
+        with disconnects.watching(disconnected, getattr(g, "request_id", key)) as work:
+            endpoint.calls[key] = work
+            try:
+                return Response.from_app(endpoint.wsgi(), environ, buffered=True)
+            finally:
+                endpoint.calls.pop(key, None)
 
     app.add_url_rule(PATH, "mcp", mcp, methods=["GET", "POST", "DELETE"])
 

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import AudioContent, CallToolResult, ContentBlock, ImageContent, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
-from .. import __version__
+from .. import __version__, cancel
 from ..admission import admitted
 from ..chat import ChatRequest, HuggingGPT, RequestState, validate_messages
 from ..errors import BadRequest, Forbidden, HuggingGPTError, PlanError
@@ -30,6 +31,7 @@ from ..plan import PlanParseError, tasks_from_json
 from ..request import generated_files, search_query
 from ..resources import public_file, resolve, sniff_mime
 from ..select import Selection, control_task_fixup
+from ..streamwork import StreamWork
 from ..uploads import UploadStore
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,8 @@ class Tools:
         request = self.request(text, image, audio)
         holder: dict[str, RequestState] = {}
         with self.admitted():
-            answer = self.engine.run(request, "answer", state_ready=lambda s: holder.setdefault("state", s))
+            answer = self.engine.run(request, "answer",
+                                     state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
         state = holder.get("state")
         results: dict[int, dict[str, Any]] = {}
         if state is not None:
@@ -136,7 +139,7 @@ class Tools:
     def plan(self, text: str, image: str | None = None, audio: str | None = None) -> CallToolResult:
         request = self.request(text, image, audio)
         with self.admitted():
-            decided = _jsonable(self.engine.run(request, "decisions"))
+            decided = _jsonable(self.engine.run(request, "decisions", state_ready=watched))
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(decided, ensure_ascii=False))],
                               structured_content=decided)
 
@@ -177,7 +180,12 @@ class Tools:
             chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller",
                                         available={backend: [model]}))
             state.selections[planned.id] = chosen
-            record = self.engine.executor.run_task(state, planned)
+            watched(state)
+            running = cancel.CURRENT.set(state.cancel_token)  # its I/O stops if the caller leaves
+            try:
+                record = self.engine.executor.run_task(state, planned)
+            finally:
+                cancel.CURRENT.reset(running)
         inference = record["inference result"]
         if "error" in inference:
             error = inference["error"]
@@ -232,8 +240,30 @@ class HuggingGPTServer(MCPServer):
             raise ToolError(f"Error executing tool {name}: {one_line(problems)}") from cause
 
 
-def build_server(engine: HuggingGPT) -> MCPServer:
-    """The four tools over `engine`, for either transport."""
+CALL: contextvars.ContextVar[StreamWork | None] = contextvars.ContextVar("mcp_call", default=None)
+
+
+def watched(state: RequestState) -> None:
+    """The tool call's client leaving cancels `state` (over HTTP, `mount` watches the connection)."""
+    work = CALL.get()
+    if work is not None:
+        work.state_ready(state)
+
+
+@contextlib.contextmanager
+def call_of(ctx: Context | None, calls: Callable[[Any], StreamWork | None] | None) -> Iterator[None]:
+    """The running call's StreamWork (found by `calls` from its HTTP request) for the block, in `CALL`."""
+    work = calls(ctx) if calls is not None and ctx is not None else None
+    token = CALL.set(work)
+    try:
+        yield
+    finally:
+        CALL.reset(token)
+
+
+def build_server(engine: HuggingGPT, calls: Callable[[Any], StreamWork | None] | None = None) -> MCPServer:
+    """The four tools over `engine`, for either transport. calls: the StreamWork of a tool call from its
+    Context (MCP over HTTP: cancelled when the client leaves); None over stdio."""
     tools = Tools(engine)
     server = HuggingGPTServer("hugginggpt", title="HuggingGPT", version=__version__, instructions=INSTRUCTIONS)
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -243,16 +273,20 @@ def build_server(engine: HuggingGPT) -> MCPServer:
     search_call = guarded("search_models", tools.search_models)
 
     @server.tool(name="hugginggpt", title="Ask HuggingGPT")
-    def hugginggpt(text: Text, image: ImageArg = None, audio: AudioArg = None) -> CallToolResult:
+    def hugginggpt(text: Text, image: ImageArg = None, audio: AudioArg = None, ctx: Context | None = None) \
+            -> CallToolResult:
         """Run a whole request: plan it as tasks, pick a model for each, run them and write the answer. Returns
         the answer, the generated images and audio, and every task's result (as JSON text)."""
-        return hugginggpt_call(text, image, audio)
+        with call_of(ctx, calls):
+            return hugginggpt_call(text, image, audio)
 
     @server.tool(name="plan", title="Plan without running", annotations=read_only)
-    def plan(text: Text, image: ImageArg = None, audio: AudioArg = None) -> CallToolResult:
+    def plan(text: Text, image: ImageArg = None, audio: AudioArg = None, ctx: Context | None = None) \
+            -> CallToolResult:
         """The decisions only: the tasks the request needs and the model chosen for each, with the reasons
         and the other candidates. Nothing is run."""
-        return plan_call(text, image, audio)
+        with call_of(ctx, calls):
+            return plan_call(text, image, audio)
 
     @server.tool(name="run_model", title="Run one model")
     def run_model(
@@ -261,10 +295,12 @@ def build_server(engine: HuggingGPT) -> MCPServer:
         text: Annotated[str | None, Field(description="the text input")] = None,
         image: ImageArg = None,
         audio: AudioArg = None,
+        ctx: Context | None = None,
     ) -> CallToolResult:
         """Run one task on the model you name, through the server's backends (local models server and/or
         hosted inference), under the same URL policy, allowed models and limits as a planned task."""
-        return run_call(task, model, text, image, audio)
+        with call_of(ctx, calls):
+            return run_call(task, model, text, image, audio)
 
     @server.tool(name="search_models", title="Search the model catalog", annotations=read_only)
     def search_models(
