@@ -121,7 +121,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return {}
         taken = getattr(entry, "device_bytes", None)
         return {"dtype": getattr(entry, "dtype", None), "weights_device": getattr(entry, "weights_device", None),
-                "device_memory_mb": round(taken / 1e6, 1) if taken is not None else None}
+                "device_memory_mb": round(taken / 1e6, 3) if taken is not None else None}
 
     @app.get("/models")
     def models() -> Response:
