@@ -79,6 +79,9 @@ def test_the_validators_catch_what_half_precision_breaks(tmp_path):
     assert gpu_check.memory_given_back([90_000, 88_000, 90_000, 88_000], 88_000) == ([0, 0], None)
     leaks, why = gpu_check.memory_given_back([90_000, 88_000, 178_000, 176_000], 88_000)
     assert leaks == [88_000, 88_000] and "did not come back" in why
+    assert gpu_check.eviction_gave_back({"a": 90_112}, {"a": 90_112, "b": 88_064}) is None
+    assert "gave back 1.0 kB of the 90.1 kB" in gpu_check.eviction_gave_back({"a": 90_112}, {"a": 1024})
+    assert "gave back None" in gpu_check.eviction_gave_back({"a": 90_112}, {})
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.py", "bench/models_throughput.py"])

@@ -225,3 +225,32 @@ def test_the_models_server_answers_503_when_a_model_in_use_holds_the_memory(mode
         assert memory["models_bytes"] == pool.loaded()["tiny/two"].nbytes and memory["rss_bytes"] > 0
     finally:
         server.stop()
+
+
+def test_what_a_load_takes_and_an_eviction_gives_back_is_measured(models_dir, monkeypatch):
+    """On CUDA the pool reads torch.cuda.memory_allocated around each load and eviction. Here a fake device stands
+    in: a loaded pipeline holds its parameters' bytes until Python frees the object, so an eviction that left a
+    reference behind would give nothing back."""
+    import weakref
+
+    import hugginggpt.modelhost.pool as pool_module
+
+    pool, _ = device_pool(models_dir, models_that_fit=1.5)
+    held = {"bytes": 0}
+    real_load = pool_module.load
+
+    def load(spec, registry, device):
+        obj = real_load(spec, registry, device)
+        size = pool_module.memory_of(obj)
+        held["bytes"] += size
+        weakref.finalize(obj, lambda: held.__setitem__("bytes", held["bytes"] - size))
+        return obj
+
+    monkeypatch.setattr(pool_module, "load", load)
+    monkeypatch.setattr(pool, "_allocated", lambda: held["bytes"])
+    use(pool, "tiny/one")
+    took = pool.loaded()["tiny/one"].device_bytes
+    assert took == pool.loaded()["tiny/one"].nbytes > 0
+    use(pool, "tiny/two")  # one is evicted to make room
+    assert pool.freed == {"tiny/one": took}
+    assert pool.memory()["freed_on_eviction_bytes"] == {"tiny/one": took}

@@ -326,10 +326,23 @@ def memory_given_back(readings: list[int], smallest: int) -> tuple[list[int], st
     return leaks, None
 
 
+def eviction_gave_back(took: dict[str, int], freed: dict[str, int]) -> str | None:
+    """CUDA: what each eviction gave back (torch.cuda.memory_allocated around the eviction, in the server) against
+    what the model's load took; less than nine tenths is a model that `del` did not free."""
+    for model, load in took.items():
+        back = freed.get(model)
+        if back is None or load <= 0 or back < 0.9 * load:
+            return (f"evicting {model} gave back {None if back is None else round(back / 1e3, 1)} kB of the "
+                    f"{round(load / 1e3, 1)} kB its load took")
+    return None
+
+
 def check_eviction(folder: Path, models: Path, public: Path, device: str, report: Report) -> None:
     """Two small models under a budget that holds one, used in turns: each load evicts the other, and the memory
-    comes back, so the reading after two turns equals the reading after none (a model that `del` did not free
-    would add its size each turn). A model larger than the budget is refused with a 503."""
+    comes back. On CUDA each eviction must give back what the model's load took (the server measures both with
+    torch.cuda.memory_allocated, one load or eviction at a time); the readings after each turn are shown too, but
+    they also hold what other threads allocate (cuBLAS workspaces per thread). On the CPU the pool's count after
+    two turns equals the count after none. A model larger than the budget is refused with a 503."""
     from hugginggpt.modelhost.registry import Registry
 
     first, second = "distilbert/distilbert-base-uncased-finetuned-sst-2-english", "dslim/bert-base-NER"
@@ -344,18 +357,27 @@ def check_eviction(folder: Path, models: Path, public: Path, device: str, report
     server = Server(folder, models, public, device, "standard", [f"memory_budget_gb: {budget_gb:.9f}"])
     try:
         server.wait()
-        readings, held, answers = [], [], []
+        readings, held, answers, took = [], [], [], {}
         for model in (first, second, first, second):
             answers.append(server.post(model, {"text": SENTENCE}).status_code)
             listing = server.models()
             readings.append(listing["memory"].get(key, 0))
             held.append(sorted(r["id"] for r in listing["models"] if r["loaded"]))
+            row = next(r for r in listing["models"] if r["id"] == model)
+            took[model] = int((row.get("device_memory_mb") or 0) * 1e6)  # this load's, by the server
+        freed = listing["memory"].get("freed_on_eviction_bytes", {})  # each model's last eviction
         out["kb_after_each_turn"] = [round(r / 1e3, 1) for r in readings]
         if "rss_bytes" in listing["memory"]:
             out["rss_mb"] = round(listing["memory"]["rss_bytes"] / 1e6, 1)
         if answers != [200] * 4 or held != [[first], [second], [first], [second]]:
             report.failures.append(f"eviction: answers {answers}, loaded after each turn {held} (one model at a time "
                                    "expected)")
+        elif cuda:
+            out["kb_load_took"] = {m: round(v / 1e3, 1) for m, v in took.items()}
+            out["kb_eviction_gave_back"] = {m: round(v / 1e3, 1) for m, v in freed.items()}
+            why = eviction_gave_back({first: took[first]}, freed)  # the first was evicted last, after its 2nd load
+            if why:
+                report.failures.append(f"eviction: {why}")
         else:
             leaks, why = memory_given_back(readings, min(sizes))
             out["kb_not_given_back"] = [round(x / 1e3, 1) for x in leaks]

@@ -217,6 +217,7 @@ class ModelPool:
         self.evictions: list[str] = []
         self.loads = 0  # models loaded since start (GET /metrics)
         self.peak_bytes = 0  # most memory held by loaded models at any time
+        self.freed: dict[str, int] = {}  # CUDA: device memory that came back when each model was last evicted
 
     def _lock_for(self, model_id: str) -> threading.Lock:
         with self._guard:
@@ -232,7 +233,8 @@ class ModelPool:
 
         with self._guard:
             used = sum(e.nbytes for e in self._loaded.values())
-        return {"models_bytes": used, "budget_bytes": self.budget, **memory_report(self.device)}
+        return {"models_bytes": used, "budget_bytes": self.budget, **memory_report(self.device),
+                **({"freed_on_eviction_bytes": dict(self.freed)} if self.freed else {})}
 
     @contextmanager
     def use(self, spec: ModelSpec) -> Iterator[Loaded]:
@@ -263,11 +265,12 @@ class ModelPool:
         self._make_room(spec)
         log.info("loading %s (%s) on %s", spec.id, spec.task, self.device)
         for attempt in (1, 2):
-            before = self._allocated()
             t0 = time.perf_counter()
             try:
                 with _LOADING:  # transformers resolves its names lazily: two first loads at once can see a
-                    obj = load(spec, self.registry, self.device)  # half-imported module (ImportError)
+                    before = self._allocated()  # half-imported module (ImportError); one load at a time also
+                    obj = load(spec, self.registry, self.device)  # keeps the memory it takes its own
+                    after = self._allocated()
                 break
             except Exception as exc:
                 if not is_out_of_memory(exc):
@@ -276,7 +279,6 @@ class ModelPool:
                 if attempt == 2 or not self._evict(keep=spec.id, everything=True):
                     raise NoRoom(f"{spec.id} does not fit in the memory of {self.device} (out of memory while "
                                  f"loading){self._busy_note(spec.id)}") from None
-        after = self._allocated()
         dtype, where = describe(obj)
         entry = Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - t0, dtype, where,
                        after - before if after is not None and before is not None else None)
@@ -334,25 +336,30 @@ class ModelPool:
 
     def _evict_one(self, keep: str) -> bool:
         """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
-        for mid in self._lru_order(keep):
-            if self._drop(mid):
-                self._release_cache()
-                return True
-        return False
+        return any(self._drop(mid) for mid in self._lru_order(keep))
 
     def _drop(self, mid: str) -> bool:
+        """Evict `mid` unless it is in use, and give its memory back to the device (what came back is measured
+        on CUDA: `freed`)."""
         lock = self._lock_for(mid)
         if not lock.acquire(blocking=False):
             return False  # in use right now
         try:
+            before = self._allocated()
             with self._guard:
                 if self._loaded.pop(mid, None) is None:
                     return False
             self.evictions.append(mid)
-            log.info("evicted %s to make room", mid)
-            return True
         finally:
             lock.release()
+        self._release_cache()
+        after = self._allocated()
+        if before is not None and after is not None:
+            self.freed[mid] = before - after
+            log.info("evicted %s to make room (%s back on %s)", mid, amount(before - after), self.device)
+        else:
+            log.info("evicted %s to make room", mid)
+        return True
 
     def _release_cache(self) -> None:
         gc.collect()
@@ -373,8 +380,6 @@ class ModelPool:
             if not everything and total + incoming <= self.budget:
                 break
             dropped = self._drop(mid) or dropped
-        if dropped:
-            self._release_cache()
         return dropped
 
     def preload(self, specs: list[ModelSpec]) -> None:
