@@ -87,11 +87,12 @@ class Executor:
         refused: set[str] = set()  # backends whose account was refused (a bad token, no credits): not tried again
         skipped = 0
         for model_id, backend_name in sel.fallbacks():
+            # the client left (while the inputs were read, or as a candidate failed): no model runs for nobody
+            if state.cancelled.is_set():
+                break
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
-            if state.cancelled.is_set():  # the client left while the inputs were read: no model runs for nobody
-                return collect_result(task, sel.choose(), {"error": {"message": "cancelled (the client went away)"}})
             if backend_name in refused:
                 skipped += 1
                 continue
@@ -125,10 +126,9 @@ class Executor:
             tried += attempts or [{"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])}]
             log.warning("[%s] task %s: %s on %s failed: %s", state.request.request_id, task.id, model_id,
                         backend_name, _message(result["error"]))
-            if state.cancelled.is_set():
-                break
         message = "; ".join(f"{t['model']} ({t['hosted_on']}{', ' + t['provider'] if t.get('provider') else ''}): "
-                            f"{t['error']}" for t in tried) or "no backend"
+                            f"{t['error']}" for t in tried) or \
+            ("cancelled (the client went away)" if state.cancelled.is_set() else "no backend")
         if skipped:
             message += f"; {skipped} more {' and '.join(sorted(refused))} candidate(s) not tried for the same reason"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",

@@ -133,6 +133,10 @@ def test_api_tokens_guard_every_api_route(tmp_path, llm, models, models_server, 
             assert wrong.status_code == 403 and "error" in wrong.json()
         upload = requests.post(srv.url + "/upload", files={"file": ("a.png", b"\x89PNG")}, timeout=5)
         assert upload.status_code == 401
+        # routes without a body (answered by the app, not refused on the headers) too
+        for route in ("/metrics", "/models/search?task=image-to-text", "/v1/models"):
+            got = requests.get(srv.url + route, timeout=5)
+            assert got.status_code == 401 and "Bearer" in got.json()["error"]["message"], route
         assert llm.requests == []  # nothing ran
         ok = srv.post("/tasks", ask("hi"), headers={"Authorization": "Bearer tok-alpha-1"})
         assert ok.status_code == 200
