@@ -149,10 +149,9 @@ def chunk(request_id: str, model: str, delta: dict[str, Any], finish: str | None
 
 def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStore,
              admitted: Callable[[Callable[[], Response]], Response], read_body: Callable[[], Any],
-             request_id: Callable[[], str]) -> None:
-    """Mount the routes; `admitted` applies the server's admission limit, `read_body` its JSON checks."""
-
-    disconnects = DisconnectWatch()
+             request_id: Callable[[], str], disconnects: DisconnectWatch) -> None:
+    """Mount the routes; `admitted` applies the server's admission limit, `read_body` its JSON checks,
+    `disconnects` cancels a request answered in one piece whose client left."""
 
     @app.get("/v1/models")
     def models() -> Response:

@@ -26,7 +26,7 @@ from flask_cors.core import get_cors_options, get_cors_origins
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .access import allowed_host_names, bearer_ok, bearer_token, host_allowed, host_name, send_public_file
-from .admission import Admission, ReleaseWhenAll
+from .admission import Admission, ReleaseWhenAll, busy
 from .chat import ChatRequest, HuggingGPT
 from .config import Config, HttpLimits
 from .errors import BadRequest, Forbidden, HuggingGPTError, Unauthorized, UnsupportedMediaType
@@ -156,8 +156,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         The slot is given back when the response is closed and, for a stream, its work has ended (`g.slot`)."""
         if not slots.acquire(blocking=False):
             metrics.rejected.inc()
-            resp = error_response(f"the server is running {config.max_concurrent_requests} requests "
-                                  "(max_concurrent_requests); retry shortly", 429, "rate_limit_error")
+            refused = busy(config.max_concurrent_requests)  # the words every other door refuses with
+            resp = error_response(str(refused), refused.status, refused.kind)
             resp.headers["Retry-After"] = "1"
             return resp
         g.slot = slot = ReleaseWhenAll(slots, "response")
@@ -169,7 +169,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         resp.call_on_close(lambda: slot.done("response"))  # a stream: once the client has it all (or leaves)
         return resp
 
-    disconnects = DisconnectWatch()
+    disconnects = DisconnectWatch()  # one thread for every door of this app (routes, /v1, /mcp)
 
     def handle(path: str) -> Response:
         return admitted(lambda: answer(path))
@@ -268,7 +268,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         return Response(metrics.exposition(), mimetype=METRICS_CONTENT_TYPE.split(";")[0],
                         headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-    register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id)
+    register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id, disconnects)
 
     @app.get("/models/search")
     def models_search() -> Response:
@@ -277,7 +277,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                                       engine.selector.tasks())
         return jsonify(engine.selector.search(task, q, limit))
 
-    mount_mcp(app, engine)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
+    mount_mcp(app, engine, disconnects)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
 
     @app.get("/")
     def index() -> Response:

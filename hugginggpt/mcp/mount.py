@@ -83,10 +83,9 @@ class McpEndpoint:
         return ASGIMiddleware(asgi, loop=loop)
 
 
-def mount(app: Flask, engine: HuggingGPT) -> None:
+def mount(app: Flask, engine: HuggingGPT, disconnects: DisconnectWatch) -> None:
     """Serve MCP at `/mcp` (the caller puts the path under its token and Origin guard)."""
     endpoint = McpEndpoint(engine)
-    disconnects = DisconnectWatch()
 
     def mcp() -> Response:
         if request.method != "POST":
