@@ -145,7 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="measured window per level (default 8)")
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-batch-size", type=int, default=32, help="default 32, the shipped config's")
     parser.add_argument("--wait-ms", type=float, default=5.0)
     parser.add_argument("--width", type=int, default=256, help="hidden size of the classifier (default 256)")
     parser.add_argument("--layers", type=int, default=4, help="its layers (default 4)")

@@ -176,7 +176,7 @@ class Config:
     memory_budget_gb: float | None = None
     # models server: concurrent requests of one model gathered into one batch (modelhost/batching.py)
     batch_wait_ms: float = 5.0  # the most an idle model waits for company (only after a batch had company)
-    max_batch_size: int = 16  # 1: no batching
+    max_batch_size: int = 32  # 1: no batching
     semantic_ranking: bool = True
     embedding_precision: str = "int8"  # the sentence model's graph: int8 (about 0.6x the CPU) or fp32
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
@@ -538,7 +538,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         local_models_dir=rel(_get(data, "local_models_dir", "models")),
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
         batch_wait_ms=_batch_wait(data, path),
-        max_batch_size=_positive(data, "max_batch_size", 16, path),
+        max_batch_size=_positive(data, "max_batch_size", 32, path),
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
         embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),
         preferred_language=_get(data, "model_constraints.language"),

@@ -116,7 +116,7 @@ def test_the_batching_keys_are_checked(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("openai: {api_key: unused}\n")
     config = load_config(path, need_llm=False, env={})
-    assert (config.batch_wait_ms, config.max_batch_size) == (5.0, 16) and not config.warnings
+    assert (config.batch_wait_ms, config.max_batch_size) == (5.0, 32) and not config.warnings
     for line, words in (("batch_wait_ms: -1", "`batch_wait_ms` must be a number of milliseconds"),
                         ("batch_wait_ms: 'soon'", "`batch_wait_ms` must be a number of milliseconds"),
                         ("max_batch_size: 0", "`max_batch_size` must be a positive whole number"),
