@@ -31,10 +31,10 @@ def bearer_ok(header: str | None, tokens: Iterable[str]) -> bool:
     given = bearer_token(header)
     if given is None:
         return False
-    given_bytes = given.encode("utf-8", "surrogateescape")
+    given_bytes = given.encode(errors="surrogateescape")
     ok = False
     for token in tokens:
-        ok |= hmac.compare_digest(given_bytes, token.encode("utf-8", "surrogateescape"))
+        ok |= hmac.compare_digest(given_bytes, token.encode(errors="surrogateescape"))
     return ok
 
 
@@ -44,8 +44,8 @@ def send_public_file(public_dir: Path, relative: str) -> Response:
         path = public_file(relative, public_dir)
     except ResourceError:
         raise NotFound("no such file") from None
-    resp = send_file(path, conditional=True, max_age=0)
-    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp = send_file(path, max_age=0)  # conditional (ETag, Last-Modified) by default: a browser may revalidate
+    resp.headers["X-Content-Type-Options"] = "nosniff"  # pragma: no mutate: header names are case-insensitive
     return resp
 
 
@@ -58,9 +58,10 @@ def host_name(host_header: str | None) -> str:
     host = (host_header or "").strip().lower()
     if host.startswith("["):
         return host[1:host.find("]")] if "]" in host else host
-    if host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return host.rstrip(".")
+    name, colon, _port = host.rpartition(":")
+    if colon and ":" not in name:  # one colon: a port (more than one: a bare IPv6 address)
+        host = name
+    return host[:-1] if host.endswith(".") else host
 
 
 def is_ip_literal(name: str) -> bool:

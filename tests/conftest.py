@@ -19,8 +19,25 @@ import requests
 import yaml
 from PIL import Image
 
+from tests import mutmut_hits
 from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
 from tests.fakes.models_server import FakeModels
+
+_CHILD_HITS: list[mutmut_hits.ChildHits] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mutmut_children() -> None:
+    """Under mutmut only: the servers tests start report the functions they reach, and exit with this run."""
+    hits = mutmut_hits.start()
+    if hits is not None:
+        _CHILD_HITS.append(hits)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    for hits in _CHILD_HITS:
+        mutmut_hits.hand_to_mutmut(hits)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = {

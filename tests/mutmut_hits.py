@@ -1,0 +1,56 @@
+"""The test-run side of `tests/mutmut_child/sitecustomize.py`: only active while mutmut runs the tests.
+
+At the start of the run the environment that child processes inherit names this runner and a folder for
+hits; after each test, the functions the children reached are added to what mutmut recorded for it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+CHILD_SITE = Path(__file__).resolve().parent / "mutmut_child"
+
+
+class ChildHits:
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="mutmut-hits-"))
+        self.offsets: dict[Path, int] = {}
+        (self.folder / "epoch").touch()
+
+    def collect(self) -> set[str]:
+        names: set[str] = set()
+        for path in self.folder.glob("*.hits"):
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written waits for the next test
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            names.update(line for line in data[:end].decode("utf-8").splitlines() if line)
+        stamp = time.time_ns()
+        os.utime(self.folder / "epoch", ns=(stamp, stamp))
+        return names
+
+
+def start() -> ChildHits | None:
+    """Called at session start; None outside mutmut."""
+    mode = os.environ.get("MUTANT_UNDER_TEST")
+    if not mode:
+        return None
+    os.environ["HUGGINGGPT_MUTMUT_RUNNER"] = str(os.getpid())
+    path = os.environ.get("PYTHONPATH", "")
+    if str(CHILD_SITE) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHILD_SITE), path) if p)
+    if mode != "stats":
+        return None
+    hits = ChildHits()
+    os.environ["HUGGINGGPT_MUTMUT_HITS"] = str(hits.folder)
+    return hits
+
+
+def hand_to_mutmut(hits: ChildHits) -> None:
+    from mutmut.state import state
+
+    state()._stats.update(hits.collect())

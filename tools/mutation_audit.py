@@ -1,0 +1,266 @@
+"""Run mutmut on one module of the package against the test files that cover it, and keep its score.
+
+    python tools/mutation_audit.py access            # mutate hugginggpt/access.py; resumes where it stopped
+    python tools/mutation_audit.py access --recheck  # run the survivors again (after adding tests)
+    python tools/mutation_audit.py --quick --check   # what CI runs: the `quick` modules, exit 1 below goal
+    python tools/mutation_audit.py --table           # print the score table from what has been run
+    python tools/mutation_audit.py access --survivors  # each survivor's diff
+
+Modules, their covering test files and goals are in pyproject.toml ([tool.mutation-audit.modules]); mutmut's
+own settings are under [tool.mutmut]. Each module runs in its own copy of the tree, .mutmut/<module>/, so
+results of one module are never mixed with another's and a stopped run resumes. Nothing here mutates code:
+mutmut does. See docs/TESTING.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutmut"
+TABLE = ROOT / "docs" / "TESTING.md"
+TABLE_START, TABLE_END = "<!-- mutation-table:start -->", "<!-- mutation-table:end -->"
+CAUGHT = ("killed", "timeout", "caught by type check")
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    path: str
+    goal: float
+    tests: tuple[str, ...]
+
+
+@dataclass
+class Score:
+    module: str
+    mutants: int = 0
+    killed: int = 0
+    survived: int = 0
+    no_tests: int = 0
+    timeout: int = 0
+    other: int = 0
+    not_checked: int = 0
+    excluded: int = 0
+    minutes: float = 0.0
+    day: str = ""
+
+    @property
+    def caught(self) -> int:
+        return self.killed + self.timeout
+
+    @property
+    def ratio(self) -> float:
+        return self.caught / self.mutants if self.mutants else 0.0
+
+
+def settings() -> tuple[dict, dict[str, Module], dict[str, list[str]]]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    audit = data["tool"]["mutation-audit"]
+    modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]))
+               for name, m in audit["modules"].items()}
+    return data["tool"]["mutmut"], modules, dict(audit.get("quick", {}))
+
+
+def tree_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                         capture_output=True).stdout.decode()
+    return [f for f in out.split("\0") if f and (ROOT / f).is_file() and not f.startswith(".mutmut/")]
+
+
+def toml_value(value: object) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def prepare(module: Module, base: dict) -> Path:
+    """Bring .mutmut/<module>/ up to date with the working tree; a changed file is copied again into mutants/."""
+    folder = WORK / module.name
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = set(tree_files())
+    for rel in wanted:
+        src, dst = ROOT / rel, folder / rel
+        if dst.exists() and dst.read_bytes() == src.read_bytes():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+        if rel.startswith("hugginggpt/"):  # mutmut copies (or mutates) it again; tests/ etc. it copies every run
+            (folder / "mutants" / rel).unlink(missing_ok=True)
+    for path in list(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and not rel.startswith(("mutants/", "audit.json")) and rel not in wanted \
+                and "__pycache__" not in rel and rel != "pyproject.toml":
+            path.unlink()
+    config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests))
+    (folder / "pyproject.toml").write_text(
+        "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
+        + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
+    return folder
+
+
+def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
+    exe = Path(sys.executable).with_name("mutmut")
+    env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+    if log is None:
+        return subprocess.run([str(exe), *args], cwd=folder, env=env).returncode
+    with log.open("a") as out:
+        return subprocess.run([str(exe), *args], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def statuses(folder: Path, module: Module) -> dict[str, str]:
+    """Mutant name -> mutmut's status, read from its own result files."""
+    from fnmatch import fnmatch
+
+    names: dict[str, str] = {}
+    codes = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+             36: "timeout", 37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout",
+             255: "timeout", None: "not checked"}
+    for meta in (folder / "mutants").rglob("*.py.meta"):
+        rel = meta.relative_to(folder / "mutants").as_posix()[: -len(".meta")]
+        if not fnmatch(rel, module.path):
+            continue
+        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            names[name] = codes.get(code, "suspicious")
+    return names
+
+
+def excluded_lines(module: Module) -> int:
+    count = 0
+    for path in sorted(ROOT.glob(module.path)):
+        count += sum("pragma: no mutate" in line for line in path.read_text().splitlines())
+    return count
+
+
+def score_of(folder: Path, module: Module) -> Score:
+    state = statuses(folder, module)
+    audit = json.loads((folder / "audit.json").read_text()) if (folder / "audit.json").exists() else {}
+    s = Score(module.name, mutants=len(state), excluded=excluded_lines(module),
+              minutes=audit.get("minutes", 0.0), day=audit.get("date", ""))
+    for status in state.values():
+        field = {"killed": "killed", "survived": "survived", "no tests": "no_tests", "timeout": "timeout",
+                 "not checked": "not_checked"}.get(status, "other")
+        if status == "caught by type check":
+            field = "killed"
+        setattr(s, field, getattr(s, field) + 1)
+    return s
+
+
+def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None) -> Score:
+    folder = prepare(module, base)
+    log = folder / "mutmut.log"
+    started = time.monotonic()
+    args = ["run"] + ([f"--max-children={max_children}"] if max_children else [])
+    code = mutmut(folder, *args, log=log)
+    if code == 0 and recheck:
+        again = [n for n, st in statuses(folder, module).items() if st in ("survived", "no tests", "not checked")]
+        for i in range(0, len(again), 200):
+            code = mutmut(folder, *args, *again[i:i + 200], log=log) or code
+    minutes = (time.monotonic() - started) / 60
+    audit_file = folder / "audit.json"
+    audit = json.loads(audit_file.read_text()) if audit_file.exists() else {}
+    audit_file.write_text(json.dumps({"minutes": round(audit.get("minutes", 0.0) + minutes, 1),
+                                      "date": date.today().isoformat()}))
+    if code != 0:
+        tail = log.read_text(errors="replace").splitlines()[-30:]
+        raise SystemExit(f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(tail))
+    return score_of(folder, module)
+
+
+def row(s: Score, goal: float) -> str:
+    mark = "yes" if s.ratio >= goal and not s.not_checked else "no"
+    return (f"| {s.module} | {s.mutants} | {s.killed} | {s.survived} | {s.no_tests} | {s.timeout} | {s.excluded} "
+            f"| {s.ratio:.0%} | {goal:.0%} | {mark} | {s.minutes:.0f} | {s.day} |")
+
+
+HEADER = ("| module | mutants | killed | survived | no tests | timeouts | excluded lines | caught | goal | met "
+          "| minutes | date |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table(modules: dict[str, Module]) -> str:
+    lines = [HEADER]
+    for m in modules.values():
+        folder = WORK / m.name
+        if (folder / "mutants").exists():
+            lines.append(row(score_of(folder, m), m.goal))
+        else:
+            lines.append(f"| {m.name} | not run yet | | | | | {excluded_lines(m)} | | {m.goal:.0%} | no | | |")
+    return "\n".join(lines)
+
+
+def write_table(modules: dict[str, Module]) -> None:
+    text = TABLE.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    TABLE.write_text(text[:start] + "\n" + table(modules) + "\n" + text[end:])
+
+
+def survivors(module: Module) -> None:
+    folder = WORK / module.name
+    for name, status in sorted(statuses(folder, module).items()):
+        if status in ("survived", "no tests"):
+            print(f"## {name} ({status})")
+            mutmut(folder, "show", name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", help="module names from pyproject.toml, or 'all'")
+    parser.add_argument("--quick", action="store_true", help="the modules CI runs")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a module is below its goal")
+    parser.add_argument("--recheck", action="store_true", help="run survivors and untested mutants again")
+    parser.add_argument("--table", action="store_true", help="print the table; with modules, update docs/TESTING.md")
+    parser.add_argument("--survivors", action="store_true", help="show the diff of each survivor")
+    parser.add_argument("--list", action="store_true", help="the modules, their tests and goals")
+    parser.add_argument("--max-children", type=int, help="mutants run at once (mutmut's default: every core)")
+    args = parser.parse_args()
+    base, modules, quick = settings()
+    if args.list:
+        for m in modules.values():
+            print(f"{m.name:20} {m.goal:.0%}  {m.path}  <- {' '.join(m.tests)}")
+        return 0
+    if args.quick:  # each quick module in its own folder (.mutmut/<name>-quick), against its fast tests only
+        modules = {n + "-quick": Module(n + "-quick", modules[n].path, modules[n].goal, tuple(tests))
+                   for n, tests in quick.items()}
+    names = list(modules) if "all" in args.modules or args.quick else list(args.modules)
+    unknown = [n for n in names if n not in modules]
+    if unknown:
+        print(f"unknown module(s): {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    if args.survivors:
+        for n in names:
+            survivors(modules[n])
+        return 0
+    if not names:
+        print(table(modules))
+        return 0
+    failed = []
+    for n in names:
+        m = modules[n]
+        s = run_module(m, base, recheck=args.recheck, max_children=args.max_children)
+        print(row(s, m.goal), flush=True)
+        if s.ratio < m.goal or s.not_checked:
+            failed.append(f"{n}: {s.caught} of {s.mutants} caught ({s.ratio:.1%}), goal {m.goal:.0%}"
+                          f"; survivors: python tools/mutation_audit.py {n} --survivors")
+    if args.table:
+        write_table(modules)
+    for line in failed:
+        print(line, file=sys.stderr)
+    return 1 if failed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
