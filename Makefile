@@ -2,15 +2,17 @@
 #   make run    set up .venv, then start the server (or, with no LLM configured, the offline demo)
 #   make cli    the same, as a chat in this terminal
 #   make demo   the offline demo (scripted LLM, tiny models), whatever the config says
-#   make test   set up .venv with the extras, then ruff, the whole test suite and the quick mutation audit
-#               (what CI runs; the full audit: python tools/mutate.py)
+#   make test   set up .venv with the extras, then ruff, the whole test suite and the quick mutation check
+#               (what CI runs)
+#   make mutate MODULE=access   mutmut on one module (MODULE=all: every module) against its covering tests;
+#               docs/TESTING.md says how long each takes
 # Ray Serve (`models_server.py --engine ray`, 240 MB) is an extra: `make setup-ray` (make test installs it).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 CONFIG ?= configs/config.default.yaml
 PORT   ?= 8004
 
-.PHONY: setup setup-ray run cli test demo
+.PHONY: setup setup-ray run cli test demo mutate
 
 $(VENV)/.installed: requirements.txt requirements-models.txt requirements-dev.txt
 	python3 -m venv $(VENV)
@@ -40,4 +42,9 @@ demo: setup
 test: setup-ray
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs
-	$(PY) tools/mutate.py --quick  # a subset of the mutation audit: a few minutes (the full one: tools/mutate.py)
+	$(PY) tools/mutation_audit.py --quick --check  # mutmut on the quick modules (pyproject.toml): a few minutes
+	$(PY) tools/mutate.py --quick  # the few hand-written mutations mutmut cannot express (multi-line, cross-module)
+
+MODULE ?= all
+mutate: setup
+	$(PY) tools/mutation_audit.py $(MODULE) --table

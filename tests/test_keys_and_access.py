@@ -304,3 +304,42 @@ def test_the_models_server_needs_its_token(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+AZURE_KEY = "3f9a7c1e5b2d4a6f8e0c9b7a5d3e1f2a"  # an Azure key: 32 hex digits, nothing like sk-...
+
+
+@pytest.mark.parametrize("backend", ["azure", "local"])
+def test_an_llm_error_that_quotes_a_key_not_shaped_like_sk_never_reaches_the_client(
+        backend, tmp_path, llm, models, models_server, public_dir):
+    """OpenAI-style 401 bodies quote the key they were given. Azure's and local servers' keys look nothing
+    like `sk-...`, so redacting by shape is not enough: the configured key itself is taken out."""
+    _, models_url = models_server
+    path = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False, llm_max_retries=0)
+    data = yaml.safe_load(path.read_text())
+    data.pop("local"), data.pop("dev")
+    if backend == "azure":
+        data["azure"] = {"api_key": AZURE_KEY, "base_url": llm.base_url, "deployment_name": "gpt-4o",
+                         "api_version": "2024-06-01"}
+    else:
+        data["local"] = {"endpoint": llm.base_url + "/v1", "api_key": AZURE_KEY}
+    path.write_text(yaml.safe_dump(data))
+    srv = start_server(path, tmp_path)
+    try:
+        llm.failure_body = "Incorrect API key provided: {key}. Check the key of your resource."
+        llm.fail(401)
+        resp = srv.post("/tasks", ask("hi"))
+        assert resp.status_code == 502
+        message = resp.json()["error"]["message"]
+        assert "Incorrect API key provided" in message  # the error stays informative
+        assert AZURE_KEY not in resp.text and AZURE_KEY[:16] not in resp.text
+        assert llm.failures == []  # the LLM was asked, and answered 401 quoting the key
+        # a key the request brings for the configured endpoint is taken out the same way
+        own = "user-own-key-5e1d0c9b8a7f6e5d"
+        llm.fail(401)
+        resp = srv.post("/tasks", ask("hi", api_key=own))
+        assert resp.status_code == 502 and "Incorrect API key provided" in resp.json()["error"]["message"]
+        assert own not in resp.text and llm.failures == []
+        assert AZURE_KEY not in srv.logs() and own not in srv.logs()
+    finally:
+        stop_server(srv)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
 import threading
 import time
 
@@ -19,6 +18,7 @@ from hugginggpt.errors import ResourceError
 from hugginggpt.urlpolicy import UrlPolicy, URLRefused, blocked_reason, fetch
 from tests.conftest import start_server, stop_server, write_config
 from tests.fakes.llm_server import ThreadedServer
+from tests.fakes.raw_peer import RawPeer
 
 
 class Recorder:
@@ -185,54 +185,6 @@ def test_url_allowlist_in_the_config_opens_an_exception(tmp_path, llm, models, m
         stop_server(srv)
 
 
-class RawPeer:
-    """A loopback HTTP peer written on a bare socket: no Content-Length, no chunking, and paced as told.
-
-    endless: sends body bytes until the client hangs up; stall: a few bytes, then silence; dribble: one byte
-    every 0.1 s (a per-read timeout never fires)."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.stop = threading.Event()
-        self.sent: dict[str, int] = {}
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            request = conn.recv(65536).decode("latin-1")
-            mode = request.split(" ", 2)[1].strip("/")
-            self.sent[mode] = 0
-            try:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n")
-                until = time.monotonic() + 10
-                while time.monotonic() < until and not self.stop.is_set():
-                    if mode == "endless":
-                        conn.sendall(b"x" * 65536)
-                        self.sent[mode] += 65536
-                    elif mode == "stall":
-                        if not self.sent[mode]:
-                            conn.sendall(b"xxxx")
-                            self.sent[mode] = 4
-                        time.sleep(0.05)
-                    else:  # dribble
-                        conn.sendall(b"x")
-                        self.sent[mode] += 1
-                        time.sleep(0.1)
-            except OSError:  # the client hung up
-                pass
-
-
 @pytest.fixture(scope="module")
 def raw_peer():
     peer = RawPeer()
@@ -259,3 +211,35 @@ def test_a_peer_that_stops_or_dribbles_is_cut_at_the_fetch_timeout(raw_peer, mod
         fetch(f"http://127.0.0.1:{raw_peer.port}/{mode}", policy, 10**6, 1)
     took = time.monotonic() - started
     assert 0.9 < took < 3, took
+
+
+def test_a_stalled_url_in_a_request_is_cut_at_fetch_timeout_not_at_the_request_deadline(
+        tmp_path, llm, models, models_server, public_dir, raw_peer):
+    """What a user sees: a plan naming a URL whose server stops sending (or sends a byte now and then) fails that
+    task after `fetch_timeout`, saying so, while the request's own deadline is far away; the rest still runs.
+    The same for an image a /v1 client names."""
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                          url_allowlist=["127.0.0.1/32"], fetch_timeout=1, request_timeout=120)
+    srv = start_server(config, tmp_path)
+    try:
+        for mode in ("stall", "dribble"):
+            url = f"http://127.0.0.1:{raw_peer.port}/{mode}"
+            llm.on("parse_task", json.dumps([
+                {"task": "image-classification", "id": 0, "dep": [-1], "args": {"image": url}},
+                {"task": "token-classification", "id": 1, "dep": [-1], "args": {"text": "Anna lives in Berlin"}}]))
+            started = time.monotonic()
+            results = srv.post("/results", {"messages": [{"role": "user", "content": "classify it"}]},
+                               timeout=60).json()
+            took = time.monotonic() - started
+            assert "took longer than 1s" in results["0"]["inference result"]["error"]["message"], results
+            assert "error" not in results["1"]["inference result"]
+            assert took < 8, took  # the peer goes on for 10 s; the request's deadline is 120 s
+        started = time.monotonic()
+        resp = srv.post("/v1/chat/completions", {"model": "hugginggpt", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{raw_peer.port}/dribble"}}]}]}, timeout=60)
+        assert resp.status_code == 400 and "took longer than 1s" in resp.json()["error"]["message"], resp.text
+        assert time.monotonic() - started < 8
+    finally:
+        stop_server(srv)

@@ -64,7 +64,7 @@ class ScriptedLLM:
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)  # HTTP statuses to answer before succeeding
     failing_stages: dict[str, int] = field(default_factory=dict)  # stage -> HTTP status it always answers
-    failure_body: str | None = None  # the body of those failures (default: a JSON error)
+    failure_body: str | None = None  # the body of those failures (default: a JSON error); "{key}": the caller's key
     raw_reply: str | None = None  # answer 200 with this text/html body instead of a completion
     stream_delay: float = 0.0  # seconds between streamed pieces (a slow LLM writing token by token)
     dribble: float = 0.0  # > 0: answer 200, then one SSE comment (or one space) every `dribble` s, never done
@@ -128,8 +128,10 @@ class ScriptedLLM:
                 status = self.failures.pop(0) if self.failures else None
             if status is None:
                 return None
-            if self.failure_body is not None:
-                return Response(self.failure_body, status=status, mimetype="text/plain")
+            if self.failure_body is not None:  # "{key}" in it: the caller's key, as OpenAI's 401 quotes it
+                auth = request.headers.get("Authorization", "").removeprefix("Bearer ")
+                key = request.headers.get("api-key") or auth
+                return Response(self.failure_body.replace("{key}", key), status=status, mimetype="text/plain")
             resp = jsonify({"error": {"message": f"scripted failure {status}", "type": "server_error"}})
             resp.status_code = status
             resp.headers["retry-after-ms"] = "10"
