@@ -320,7 +320,7 @@ class LLMClient:
         the rest of a request does (bench/load.py)."""
         with deadline_scope(deadline):
             try:
-                return self._request_within(path, body, on_token, timeout, deadline, text_of, piece_of, on_usage)
+                return self._request_within(path, body, on_token, timeout, text_of, piece_of, on_usage)
             except httpx2.TimeoutException:
                 if deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline "
@@ -329,7 +329,7 @@ class LLMClient:
             except httpx2.TransportError as exc:
                 raise LLMError(f"{self.describe} broke off its answer ({exc.__class__.__name__})") from None
 
-    def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float, deadline: float | None,
+    def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float,
                         text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any], on_usage=None) -> str:
         options = {"timeout": timeout}
         if on_token is None:
@@ -347,9 +347,7 @@ class LLMClient:
                                    stream=True, stream_cls=_ChunkStream)
         chunks = []
         try:
-            for chunk in stream:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline passed")
+            for chunk in stream:  # every read is bounded by the request's deadline (`deadline_scope` in _request)
                 choices = chunk.get("choices") if isinstance(chunk, dict) else None
                 if on_usage is not None and isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
                     on_usage(chunk["usage"])

@@ -145,3 +145,32 @@ def test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned(serve
     time.sleep(1.0)
     assert len(llm.stage_requests("parse_task")) == 1  # task 0 failed for good, but nobody is there to replan for
     assert not llm.stage_requests("response_results")
+
+
+def test_an_llm_still_writing_the_answer_at_the_request_deadline_is_cut_there(
+        tmp_path, llm, models, models_server, public_dir):
+    """An LLM that writes its answer a word every 0.1 s (some 20 s in all) is cut at the request's 4 s deadline:
+    the client gets the deadline's error in time, streamed or not, and the LLM's stream is closed."""
+    from tests.conftest import start_server, stop_server, write_config
+
+    _, models_url = models_server
+    config = write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                          request_timeout=4)
+    srv = start_server(config, tmp_path)
+    try:
+        llm.on("parse_task", json.dumps([{"task": "token-classification", "id": 0, "dep": [-1],
+                                          "args": {"text": "Anna lives in Berlin"}}]))
+        llm.on("response_results", "word " * 200)
+        llm.stream_delay = 0.1
+        for stream in (True, False):
+            started = time.monotonic()
+            resp = requests.post(srv.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
+                                                              "stream": stream}, stream=stream, timeout=60)
+            text = "".join(json.dumps(e) for e in events_of(resp)) if stream else resp.text
+            took = time.monotonic() - started
+            assert "deadline" in text, text[-500:]
+            assert took < 12, took  # 4 s of deadline and wide margins; the LLM would write for 20 s
+            answers = llm.stage_requests("response_results")
+            assert answers and "stream_end" not in answers[-1]  # the LLM never got to finish its stream
+    finally:
+        stop_server(srv)
