@@ -651,3 +651,24 @@ def test_metrics_count_calls_by_model_and_report_the_pool(tiny):
     assert metric(after, "models_server_memory_used_bytes") == pytest.approx(  # /models rounds to 0.1 MB
         sum(m["memory_mb"] for m in held) * 1e6, abs=0.05e6 * len(held))
     assert metric(after, "models_server_memory_used_bytes") > 0
+
+
+def test_audio_at_another_rate_is_resampled_to_the_models_rate(tiny):
+    """The same sound sent at 8 kHz and at 16 kHz reaches a 16 kHz speech recognizer as the same second of
+    audio, so both get the same transcript (a resampling ratio turned the wrong way hands it a quarter second).
+    The 16 kHz file holds exactly what resampling the 8 kHz one gives, stored as float: the model sees equal
+    inputs only when the server resamples by the right ratio."""
+    url, public, _, _ = tiny
+    rng = np.random.default_rng(7)
+    envelope = np.repeat(rng.uniform(0.05, 0.9, 40), 200)  # the loudness changes every 25 ms: a varied transcript
+    low = (rng.standard_normal(8000) * envelope).astype("float32")
+    high = np.interp(np.linspace(0, 7999, 16000), np.arange(8000), low).astype("float32")
+    sf.write(public / "examples" / "noise-8k.wav", low, 8000, subtype="FLOAT")
+    sf.write(public / "examples" / "noise-16k.wav", high, 16000, subtype="FLOAT")
+    texts = {}
+    for name in ("noise-16k.wav", "noise-8k.wav"):
+        resp = post(url, "facebook/wav2vec2-base-960h", {"audio_url": f"/examples/{name}"})
+        assert resp.status_code == 200, resp.text
+        texts[name] = resp.json()["text"]
+    assert len(texts["noise-16k.wav"]) >= 5
+    assert texts["noise-8k.wav"] == texts["noise-16k.wav"], "the 8 kHz file was heard differently"

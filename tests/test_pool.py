@@ -4,6 +4,7 @@ free memory (injected, as CUDA would report it): idle models evicted first, mode
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import requests
@@ -254,3 +255,47 @@ def test_what_a_load_takes_and_an_eviction_gives_back_is_measured(models_dir, mo
     use(pool, "tiny/two")  # one is evicted to make room
     assert pool.freed == {"tiny/one": took}
     assert pool.memory()["freed_on_eviction_bytes"] == {"tiny/one": took}
+
+
+def test_the_models_server_never_evicts_a_model_another_request_is_using(tmp_path):
+    """Two requests to the real models_server.py under a memory budget that holds one of two audio models: while
+    the first request is inside its model (reading its audio from a slow peer), the second model does not fit,
+    and the second request gets a 503 naming the model in use instead of evicting it from under the first."""
+    from tests.fakes.raw_peer import RawPeer
+    from tests.test_models_server import start_models_server
+    from tests.tiny_models import audio_classifier, speech_recognizer
+
+    asr, clf = "facebook/wav2vec2-base-960h", "MIT/ast-finetuned-audioset-10-10-0.4593"
+    models_dir = tmp_path / "models"
+    speech_recognizer(models_dir / asr)
+    audio_classifier(models_dir / clf)
+    reg = Registry("standard", models_dir)
+    sizes = [reg.expected_bytes(reg.get(m)) for m in (asr, clf)]
+    budget = max(sizes) + min(sizes) // 2  # either model fits, both do not
+    public = make_public(tmp_path / "public")
+    peer = RawPeer()
+    proc, url = start_models_server(tmp_path, models_dir, public, budget_gb=budget / 1e9,
+                                    extra=("url_allowlist: ['127.0.0.1']",))
+    first: dict[str, requests.Response] = {}
+    try:
+        reader = threading.Thread(target=lambda: first.setdefault("resp", requests.post(
+            f"{url}/models/{asr}", json={"audio_url": f"http://127.0.0.1:{peer.port}/stall"}, timeout=60)))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while "stall" not in peer.sent and time.monotonic() < deadline:  # the first is in its model
+            time.sleep(0.02)
+        assert "stall" in peer.sent
+        second = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
+        assert second.status_code == 503, second.text
+        assert f"in use now: {asr}" in second.json()["error"]["message"]
+        rows = {r["id"]: r for r in requests.get(f"{url}/models", timeout=10).json()["models"]}
+        assert rows[asr]["loaded"] and not rows[clf]["loaded"]
+        reader.join(60)
+        assert first["resp"].status_code == 400  # the stalled peer's four bytes are no audio: said, not crashed
+        again = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
+        assert again.status_code == 200, again.text  # idle now: the first model makes room
+    finally:
+        peer.stop.set()
+        peer.sock.close()
+        proc.terminate()
+        proc.wait(10)
