@@ -115,6 +115,7 @@ def models(models_server) -> FakeModels:
     fake.gates.clear()
     fake.broken.clear()
     fake.calls.clear()
+    fake.arrivals.clear()
     fake.status_calls.clear()
     return fake
 
@@ -206,6 +207,15 @@ def server(tmp_path_factory, llm_server, models_server, public_dir) -> Iterator[
     running = start_server(config, folder)
     yield running
     stop_server(running)
+
+
+def wait_until(check, timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll `check` until true: for state another process changes (a fixed sleep is either slow or flaky)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
+        time.sleep(0.02)
 
 
 def png_bytes(response: requests.Response) -> Image.Image:

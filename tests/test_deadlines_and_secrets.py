@@ -10,7 +10,7 @@ import pytest
 import requests
 from flask import Flask, Response, jsonify
 
-from tests.conftest import free_port, start_server, stop_server, write_config
+from tests.conftest import free_port, start_server, stop_server, wait_until, write_config
 from tests.fakes.llm_server import ThreadedServer
 
 
@@ -57,7 +57,7 @@ def test_other_requests_are_served_while_one_llm_call_dribbles(short_deadline, l
     llm.dribble = 0.5
     slow = threading.Thread(target=lambda: short_deadline.post("/tasks", ask("slow"), timeout=20))
     slow.start()
-    time.sleep(0.5)
+    wait_until(lambda: llm.stage_requests("dribbled"), what="the slow request reaching the LLM")
     llm.dribble = 0.0
     started = time.monotonic()
     assert short_deadline.post("/tasks", ask("quick")).status_code == 200

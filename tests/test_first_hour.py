@@ -139,7 +139,7 @@ def test_a_refused_connection_is_not_retried():
     started = time.monotonic()
     with pytest.raises(LLMError, match="unreachable"):
         client.chat([{"role": "user", "content": "hi"}])
-    assert time.monotonic() - started < 0.4  # three retries with back-off would take 3.5 s
+    assert time.monotonic() - started < 2  # three retries with back-off would take 3.5 s
 
 
 def test_start_checks_and_health_say_what_is_down(tmp_path, public_dir):

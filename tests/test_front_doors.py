@@ -8,14 +8,13 @@ import io
 import json
 import re
 import threading
-import time
 
 import openai
 import pytest
 import requests
 from PIL import Image
 
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import start_server, stop_server, wait_until, write_config
 
 PLAN = json.dumps([
     {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a red fox"}},
@@ -162,11 +161,11 @@ def test_a_refused_request_counts_as_an_admission_rejection(tmp_path, llm, model
                           choose_model="ranking", max_concurrent_requests=1)
     srv = start_server(config, tmp_path)
     try:
-        llm.on("parse_task", "[]", delay=1.5)
+        llm.on("parse_task", "[]", delay=4)  # holds its slot long enough for a busy machine to ask twice
         slow = threading.Thread(target=srv.post, args=("/hugginggpt", {"messages": [{"role": "user",
                                                                                       "content": "slow"}]}))
         slow.start()
-        time.sleep(0.5)
+        wait_until(lambda: llm.stage_requests("parse_task"), what="the slow request reaching the LLM")
         text = requests.get(srv.url + "/metrics", timeout=10).text
         assert metric(text, "hugginggpt_requests_in_flight") == 1
         assert srv.post("/hugginggpt", {"messages": [{"role": "user", "content": "hi"}]}).status_code == 429

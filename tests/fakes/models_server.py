@@ -32,6 +32,7 @@ class FakeModels:
     gates: dict[str, threading.Event] = field(default_factory=dict)  # a call waits until its model's gate opens
     broken: set[str] = field(default_factory=set)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    arrivals: list[str] = field(default_factory=list)  # model ids as calls arrive (before any delay or gate)
     status_calls: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -86,6 +87,8 @@ class FakeModels:
         def infer(model_id: str) -> Response:
             start = time.perf_counter()
             body = request.get_json(force=True)
+            with self.lock:
+                self.arrivals.append(model_id)
             if model_id not in self.models:
                 return jsonify({"error": {"message": f"unknown model {model_id}"}}), 404
             time.sleep(self.delays.get(model_id, 0.0))
