@@ -1,0 +1,1 @@
+"""Edge cases of hugginggpt/planner.py, each pinned where a user would notice it broken (mutation audit: docs/TESTING.md)."""
