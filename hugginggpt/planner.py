@@ -8,7 +8,6 @@ conversational fallbacks (no task list, an empty one, a lone text task the LLM a
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -144,6 +143,6 @@ class Planner:
 
 def control_fixed(task: Task) -> Task:
     """A copy of the task as it will run (ControlNet fix-ups applied), for comparing with a streamed one."""
-    fixed = copy.deepcopy(task)
+    fixed = task.copy()  # new dep and args: the fix-up never touches the plan's own task
     control_task_fixup(fixed)
     return fixed
