@@ -53,7 +53,7 @@ def deadline_answer(results: dict[int, dict[str, Any]], timeout: float) -> str:
     for tid in sorted(results):
         record = results[tid]
         task = record.get("task", {})
-        inference = record.get("inference result", {}) or {}
+        inference = record.get("inference result") or {}
         choose = record.get("choose model result")
         model = choose.get("id") if isinstance(choose, dict) else None
         head = f"- task {tid} ({task.get('task', '?')}{', ' + model if model else ''}): "
@@ -66,6 +66,6 @@ def deadline_answer(results: dict[int, dict[str, Any]], timeout: float) -> str:
             if isinstance(inference.get(key), str):
                 parts.append(inference[key][:500])
         if not parts and inference.get("predicted") is not None:
-            parts.append(json.dumps(inference["predicted"], ensure_ascii=False)[:500])
+            parts.append(json.dumps(inference["predicted"], ensure_ascii=False)[:500])  # pragma: no mutate: None is False
         lines.append(head + ("; ".join(parts) or "done"))
     return "\n".join(lines)

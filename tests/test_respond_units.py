@@ -114,6 +114,7 @@ def test_the_answer_notes_replans_and_what_still_failed_after_them(tmp_path, llm
     assert [e["message"] for name, e in events if name == "answer"] == [message]
     assert any(name == "answer_token" for name, _ in events)
     assert state.replans == ["Task 1 was replanned: another model."]  # the request's own list is left alone
+    assert "draw a fox" in str(llm.stage_requests("response_results")[-1]["body"]["messages"])
 
 
 def test_no_failure_note_when_every_task_succeeded_or_nothing_was_replanned(tmp_path, llm):
