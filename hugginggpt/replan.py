@@ -29,7 +29,7 @@ def failed_for_good(plan: Plan, results: dict[int, dict[str, Any]]) -> list[str]
     out = []
     for task in plan.tasks:
         error = (results.get(task.id) or {}).get("inference result", {}).get("error")
-        if isinstance(error, dict) and str(error.get("message", "")).startswith(ALL_FAILED):
+        if isinstance(error, dict) and str(error.get("message")).startswith(ALL_FAILED):
             out.append(f"task {task.id} ({task.task}) could not be run: {error['message'][:400]}")
     return out
 
