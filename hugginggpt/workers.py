@@ -58,7 +58,7 @@ class SharedSlots:
     def __init__(self, held: Any, index: int, limit: int):
         self.held, self.index, self.limit = held, index, limit
 
-    def acquire(self, blocking: bool = False) -> bool:
+    def acquire(self, blocking: bool = False) -> bool:  # pragma: no mutate: `blocking` is ignored (never blocks)
         with self._counts() as counts:
             if counts is None or sum(counts) >= self.limit:  # None: its holder died; the supervisor frees it
                 return False
@@ -108,11 +108,11 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
         for family, socktype, proto, sockaddr in Adjustments(host=host, port=port).listen:
             sock = socket.socket(family, socktype, proto)
             sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)
             if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, True)
             sock.bind(sockaddr)
-            sock.listen(1024)
+            sock.listen(1024)  # pragma: no mutate: the accept backlog's size is not observable from a test
     except OSError:
         for sock in sockets:
             sock.close()
@@ -161,7 +161,7 @@ def _exit_with_parent() -> None:
 def worker_main(spec: WorkerSpec) -> None:
     """A worker process: the same app as a single server, on the supervisor's sockets."""
     _exit_with_parent()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor stops us
     from .chat import HuggingGPT
     from .checks import print_start_checks
@@ -211,7 +211,7 @@ class Supervisor:
             print(address_problem(self.host, self.port, exc), file=sys.stderr)
             return 2
         print(f"HuggingGPT server on http://{self.host}:{self.port} (LLM: {self.config.llm.summary()}; "
-              f"{self.count} worker processes)", file=sys.stderr, flush=True)
+              f"{self.count} worker processes)", file=sys.stderr)  # stderr is line-buffered: no flush needed
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         ctx = multiprocessing.get_context("spawn")
@@ -249,7 +249,7 @@ class Supervisor:
             return self._watch(procs, start, started, held, metrics_dir)
         except OSError as exc:  # no shared memory for the counts (a container without /dev/shm), no temp folder
             print(f"error: starting the worker processes failed ({exc}); set http_workers: 1 to run one process",
-                  file=sys.stderr, flush=True)
+                  file=sys.stderr)
             return 1
         finally:
             self._stop_all(procs)
@@ -276,10 +276,10 @@ class Supervisor:
                 if quick_deaths[index] >= 3:
                     print(f"error: worker {index} exited (status {proc.exitcode}) three times within "
                           f"{QUICK_DEATH_SECONDS:g} s of starting; stopping the server (see the log above)",
-                          file=sys.stderr, flush=True)
+                          file=sys.stderr)
                     return 1
                 print(f"warning: worker {index} (pid {proc.pid}) exited with status {proc.exitcode} after "
-                      f"{lived:.0f} s; starting it again", file=sys.stderr, flush=True)
+                      f"{lived:.0f} s; starting it again", file=sys.stderr)
                 self._stop.wait(RESTART_PAUSE_SECONDS if quick_deaths[index] else 0)
                 if not self._stop.is_set():
                     procs[index] = start(index)

@@ -120,7 +120,8 @@ def test_a_one_task_plan_is_a_plan_not_a_chat_reply(tmp_path, llm):
     planned = planner.plan(state)
     assert planned.reply is None and planned.plan.to_list() == [FOX]
     assert llm.stage_requests("chitchat") == []
-    assert events == [("plan", events[0][1])] and events[0][1]["tasks"] == [FOX]
+    [(name, event)] = events
+    assert name == "plan" and event["tasks"] == [FOX]
 
 
 def test_the_plan_event_carries_the_tasks_and_the_repairs_made(tmp_path, llm):
