@@ -40,10 +40,10 @@ class Resource:
     public_path: str | None = None  # "/examples/a.jpg" when the file lies under public/
 
     def data_uri(self) -> str:
-        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode()}"
 
 
-def sniff_mime(data: bytes, name: str = "") -> str:
+def sniff_mime(data: bytes, name: str = "") -> str:  # pragma: no mutate: any default name without an extension guesses nothing
     for magic, mime in _MAGIC:
         if data.startswith(magic):
             if magic == b"RIFF" and data[8:12] == b"WEBP":
@@ -95,7 +95,8 @@ def public_file(value: str, public_dir: Path) -> Path:
             raise ResourceError(f"path {shown!r} points outside public/; use a path like /examples/a.jpg")
         if not target.is_file():
             raise ResourceError(f"file not found: {shown!r} (paths are relative to public/, e.g. /examples/a.jpg)")
-    except OSError:  # a name too long for the file system, a loop of links: said without the server's own paths
+    except (OSError, RuntimeError):  # a name too long, a loop of links (RuntimeError before Python 3.13): said without
+        # the server's own paths
         raise ResourceError(f"not a usable path: {shown!r} (paths are relative to public/, e.g. /examples/a.jpg)") \
             from None
     return target
@@ -119,11 +120,11 @@ def decode_data_uri(value: str, max_bytes: int) -> Resource:
     m = re.match(r"^data:([\w/+.-]*)(;[^,]*)?,(.*)$", value, re.DOTALL)
     if not m:
         raise ResourceError("malformed data URI")
-    if len(m.group(3)) > max_bytes * 4 // 3 + 4:
+    if 3 * len(m.group(3)) > 4 * max_bytes + 12:  # longer than max_bytes * 4 // 3 + 4 characters (base64, padding)
         raise ResourceError(f"data URI is larger than the {max_bytes // (1024 * 1024)} MiB limit")
     try:
         if m.group(2) and "base64" in m.group(2):
-            data = base64.b64decode(m.group(3), validate=False)
+            data = base64.b64decode(m.group(3))  # not validated: line breaks and other stray characters are skipped
         else:
             data = unquote(m.group(3)).encode()
     except (binascii.Error, ValueError):
@@ -180,10 +181,10 @@ def save_bytes(public_dir: Path, kind: str, data: bytes, ext: str) -> str:
 def save_image(public_dir: Path, image) -> str:
     """Write a PIL image as a new PNG under public/images/; returns its public path."""
     path, public = new_output_path(public_dir, "image", "png")
-    image.save(path, format="PNG")
+    image.save(path)  # as PNG: the name ends in .png
     return public
 
 
 def extension_for(mime: str, default: str) -> str:
-    ext = mimetypes.guess_extension(mime or "") or ""
+    ext = (mimetypes.guess_extension(mime) if mime else None) or ""
     return {".jpe": "jpg", ".jpeg": "jpg"}.get(ext, ext.lstrip(".") or default)
