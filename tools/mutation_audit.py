@@ -166,6 +166,11 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     started = time.monotonic()
     args = ["run"] + ([f"--max-children={max_children}"] if max_children else [])
     code = mutmut(folder, *args, log=log)
+    if code != 0 and (folder / "mutants").exists():
+        # results kept from before a source or test change can name mutants that no longer exist, and mutmut
+        # then stops ("Failed to run clean test"): start this module afresh once
+        shutil.rmtree(folder / "mutants")
+        code = mutmut(folder, *args, log=log)
     if code == 0 and recheck:
         again = [n for n, st in statuses(folder, module).items() if st in ("survived", "no tests", "not checked")]
         for i in range(0, len(again), 200):
