@@ -49,6 +49,10 @@ class Outcome:
 EventSink = Callable[[str, dict[str, Any]], None]
 
 
+def _no_event(name: str, payload: dict[str, Any]) -> None:
+    """The event sink of a scheduler nobody watches."""
+
+
 class Scheduler:
     """Run `body(task_id)` for every task added, each as soon as its dependencies are done.
 
@@ -62,11 +66,12 @@ class Scheduler:
         """max_workers: how many of its tasks run at once. executor: threads shared with other schedulers (no
         thread is started per request); without one the scheduler has a pool of its own."""
         self._body = body
-        self._emit = on_event or (lambda name, payload: None)
+        self._emit = on_event or _no_event
         self._lock = threading.Lock()
         self._all_done = threading.Event()
-        self._started = False  # tasks added before `start` wait for it
-        self._closed = False
+        # tasks added before `start` wait for it
+        self._started = False  # pragma: no mutate: only its truth is read (None would do as well)
+        self._closed = False  # pragma: no mutate: only its truth is read (None would do as well)
         self._closed_as: tuple[str, str] | None = None  # how cancel() or the deadline settled what was open
         self._outcomes: dict[int, Outcome] = {}
         self._waiting: dict[int, set[int]] = {}
@@ -124,7 +129,7 @@ class Scheduler:
 
         A task added after `cancel` (or the deadline) is settled the way the tasks open then were."""
         events: list[tuple[str, dict[str, Any]]] = []
-        start = False
+        ready: list[int] = []  # this task, when it can start now
         with self._lock:
             if tid in self._outcomes or (not self._input_open and not self._closed):
                 return
@@ -150,17 +155,18 @@ class Scheduler:
                 self._waiting[tid] = waiting
                 for d in waiting:
                     self._dependents[d].append(tid)
-                start = not waiting and self._started
+                if not waiting and self._started:
+                    ready.append(tid)
         for name, payload in events:
             self._emit(name, payload)
-        if start:
-            self._start(tid)
+        for r in ready:
+            self._start(r)
 
     def close_input(self) -> None:
         """No more tasks will be added; a task still waiting for one that never came is skipped."""
         events: list[tuple[str, dict[str, Any]]] = []
         with self._lock:
-            self._input_open = False
+            self._input_open = False  # pragma: no mutate: only its truth is read (None would do as well)
             for tid, waiting in list(self._waiting.items()):
                 missing = [d for d in waiting if d not in self._outcomes]
                 if missing and self._outcomes[tid].state == PENDING:  # its dependents are skipped with it
@@ -195,7 +201,7 @@ class Scheduler:
 
     def _start(self, tid: int) -> None:
         with self._lock:
-            if self._closed or self._outcomes[tid].state != PENDING:
+            if self._outcomes[tid].state != PENDING:  # settled meanwhile (closing settles every pending task)
                 return
             self._outcomes[tid].state = RUNNING
             self._outcomes[tid].started_at = time.perf_counter()
@@ -236,8 +242,8 @@ class Scheduler:
                 return
             ready, skipped = self._settle(tid, state, result, error)
         outcome = self._outcomes[tid]
-        payload = {"id": tid, "result": result, "error": error,
-                   "seconds": round((outcome.finished_at or 0) - (outcome.started_at or 0), 4)}
+        seconds = outcome.finished_at - outcome.started_at  # type: ignore[operator]  # both set: started, then settled
+        payload = {"id": tid, "result": result, "error": error, "seconds": round(seconds, 4)}
         self._emit("task_finished" if state == DONE else "task_failed", payload)
         for s in skipped:
             self._emit("task_skipped", {"id": s, "error": self._outcomes[s].error})
