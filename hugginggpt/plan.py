@@ -50,7 +50,7 @@ ARG_ALIASES = {
     "audio_url": "audio", "speech": "audio", "sound": "audio", "prompt": "text", "input": "text",
     "question": "text", "sentence": "text", "query": "text",
 }
-GENERATED_RE = re.compile(r"<\s*generated\s*(?:>\s*)?-\s*(\d+)\s*>?", re.IGNORECASE)
+GENERATED_RE = re.compile(r"<\s*generated\s*(?:>\s*)?-\s*(\d+)(?:\s*>)?", re.IGNORECASE)
 REF_RE = re.compile(r"<GENERATED>-(\d+)")
 
 

@@ -27,12 +27,13 @@ class ObjectStream:
         self.escaped = False
         self.start: int | None = None
         self.array_depth: int | None = None
+        self.closed = False  # the task array ended: arrays after it (in prose) hold no tasks
 
     def feed(self, piece: str) -> list[str]:
         self.buffer += piece
         found = []
         text = self.buffer
-        while self.pos < len(text):
+        while self.pos < len(text) and not self.closed:
             ch = text[self.pos]
             if self.in_string:
                 if self.escaped:
@@ -54,6 +55,7 @@ class ObjectStream:
                     found.append(text[self.start : self.pos + 1])
                     self.start = None
                 self.depth -= 1
+                self.closed = self.array_depth is not None and self.depth < self.array_depth
             self.pos += 1
         return found
 

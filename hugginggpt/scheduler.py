@@ -149,7 +149,7 @@ class Scheduler:
             elif dead:
                 reason = f"skipped: task {dead[0]} it depends on did not finish ({self._outcomes[dead[0]].error})"
                 _, skipped = self._settle(tid, SKIPPED, None, reason)
-                events += [("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in [tid, *skipped]]
+                events.extend(("task_skipped", {"id": s, "error": self._outcomes[s].error}) for s in [tid, *skipped])
             else:
                 waiting = {d for d in deps if not (d in self._outcomes and self._outcomes[d].state == DONE)}
                 self._waiting[tid] = waiting

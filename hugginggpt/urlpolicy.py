@@ -172,7 +172,10 @@ class UrlPolicy:
 
     def check(self, url: str) -> Target:
         """Resolve once and check every address; raises URLRefused with the reason."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # e.g. "http://[::1/x": an unclosed or empty IPv6 bracket
+            raise URLRefused(f"refusing {redact_url(url)!r}: not a valid URL") from None
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https"):
             raise URLRefused(f"refusing {redact_url(url)!r}: only http(s) URLs can be fetched")
@@ -237,7 +240,11 @@ def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: s
         pool, resp = _open(target, left, proxy, headers or {})
         try:
             if resp.status in (301, 302, 303, 307, 308) and resp.headers.get("Location"):
-                url = urljoin(url, resp.headers["Location"])
+                try:
+                    url = urljoin(url, resp.headers["Location"])
+                except ValueError:  # e.g. "http://[::1/x": an unclosed IPv6 bracket
+                    raise ResourceError(f"fetching {redact_url(target.url)!r} failed: it redirects to an invalid "
+                                        "URL") from None
                 continue
             if resp.status >= 400:
                 raise ResourceError(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}")
@@ -245,7 +252,10 @@ def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: s
                            (resp.headers.get("Content-Type") or "").split(";")[0].strip(), target.url)
         finally:
             resp.release_conn()
-            pool.close()
+            if isinstance(pool, urllib3.PoolManager):  # the proxy's manager: it has no close()
+                pool.clear()
+            else:
+                pool.close()
     raise ResourceError(f"fetching {redact_url(url)!r}: more than {MAX_REDIRECTS} redirects")
 
 

@@ -722,3 +722,16 @@ def test_seconds_in_the_event_is_how_long_the_task_ran():
     (finished,) = events.named("task_finished")
     assert isinstance(finished["seconds"], float) and finished["seconds"] >= 0.03
     assert finished["seconds"] == round(out[0].finished_at - out[0].started_at, 4)
+
+
+def test_close_input_reports_every_task_left_waiting_for_a_missing_one():
+    events = Events()
+    s = Scheduler(lambda t: t, on_event=events)
+    s.add(0, [8])
+    s.add(1, [9])
+    s.close_input()
+    assert sorted(events.items, key=lambda e: e[1]["id"]) == [
+        ("task_skipped", {"id": 0, "error": "skipped: it depends on task 8, which is not in the plan"}),
+        ("task_skipped", {"id": 1, "error": "skipped: it depends on task 9, which is not in the plan"}),
+    ]
+    assert {t: o.state for t, o in run_promptly(s).items()} == {0: SKIPPED, 1: SKIPPED}

@@ -88,7 +88,7 @@ def popularity(likes: np.ndarray | float, downloads: np.ndarray | float) -> np.n
 
 def size_fit(size_mb: np.ndarray | float | None, budget_mb: float | None) -> np.ndarray | float:
     """1 for a tiny model, falling to 0 at the budget (or 0.5 at SIZE_REFERENCE_MB without one); 0.5 unknown."""
-    s = np.asarray(np.nan if size_mb is None else size_mb, dtype=np.float64)
+    s = np.asarray(size_mb, dtype=np.float64)  # None (unknown) is NaN
     if budget_mb:
         fit = np.clip(1.0 - s / budget_mb, 0.0, 1.0)
     else:

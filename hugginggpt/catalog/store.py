@@ -512,7 +512,10 @@ class CatalogStore:
     def get(self, model_id: str) -> Candidate | None:
         with self._rlock:
             row = self._r.execute(f"SELECT rowid, {', '.join(COLUMNS)} FROM models WHERE id=?", (model_id,)).fetchone()
-        return None if row is None else self._candidate(_decode(row[1:]), Factors(), 0.0)
+        if row is None:
+            return None
+        decoded = _decode(row[1:])
+        return self._candidate(decoded, Factors(), 0.0, _row_card(decoded))
 
     def known_ids(self, ids: Sequence[str]) -> set[str]:
         out: set[str] = set()
@@ -553,7 +556,12 @@ class CatalogStore:
         self._maybe_reload()
         self.health.sync()  # failures another worker recorded count here too
         view = self._view
-        index = view.task(task) if view is not None and self.embedder is not None else None
+        try:
+            index = view.task(task) if view is not None and self.embedder is not None else None
+        except FileNotFoundError:  # another process swapped in a newer index (and removed these arrays) since
+            self.reload()  # this view was read, and this task's arrays were not mapped yet: read the new one
+            view = self._view
+            index = view.task(task) if view is not None else None
         if index is None:
             return self._keyword_search(task, text, limit, language, max_size_mb, availability, exclude, w)
         q = query_vector if query_vector is not None else self.embedder.embed([f"{task}. {text}"])[0]
@@ -572,7 +580,7 @@ class CatalogStore:
             # cosine ~ 1 - 2 * hamming / dim; the constant is dropped
             approx = np.float32(w.popularity) * index.prior - np.float32(2.0 * w.meaning / q.shape[0]) * dist
             if idx is not None:
-                approx[~ok] = -np.inf
+                approx = np.where(ok, approx, -np.inf)  # over the size cap: never shortlisted
             top = np.argpartition(-approx, self.rescore)[:self.rescore]
         else:
             top = idx if idx is not None else np.arange(n)
@@ -626,11 +634,11 @@ class CatalogStore:
             out.append(self._candidate(row, f, s, card, versus=(ranked[i + 1][1] if i + 1 < len(ranked) else None, w)))
         return out
 
-    def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard | None = None,
+    def _candidate(self, row: dict[str, Any], f: Factors, s: float, card: ModelCard,
                    versus: tuple[Factors | None, Weights] | None = None) -> Candidate:
-        return Candidate(card=card or card_from_store_row(row), score=s, factors=f, library=row.get("library"),
+        return Candidate(card=card, score=s, factors=f, library=row.get("library"),
                          local=row.get("local"), providers=tuple(row.get("providers") or ()), gated=row.get("gated"),
-                         license=row.get("license"), source=row.get("source", "hub"), versus=versus)
+                         license=row.get("license"), source=row["source"], versus=versus)
 
     def ranked(self, query: RankQuery, limit: int, **kw: Any) -> list[tuple[ModelCard, float]]:
         """Drop-in for `Catalog.ranked(query, ranker, limit)`: (card, score) pairs, best first."""

