@@ -188,12 +188,13 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
 
 def row(s: Score, goal: float) -> str:
     mark = "yes" if s.ratio >= goal and not s.not_checked else "no"
-    return (f"| {s.module} | {s.mutants} | {s.killed} | {s.survived} | {s.no_tests} | {s.timeout} | {s.excluded} "
-            f"| {s.ratio:.0%} | {goal:.0%} | {mark} | {s.minutes:.0f} | {s.day} |")
+    checked = f"{s.mutants - s.not_checked}" + (" (run stopped)" if s.not_checked else "")
+    return (f"| {s.module} | {s.mutants} | {checked} | {s.killed} | {s.survived} | {s.no_tests} | {s.timeout} "
+            f"| {s.excluded} | {s.ratio:.0%} | {goal:.0%} | {mark} | {s.minutes:.0f} | {s.day} |")
 
 
-HEADER = ("| module | mutants | killed | survived | no tests | timeouts | excluded lines | caught | goal | met "
-          "| minutes | date |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| module | mutants | checked | killed | survived | no tests | timeouts | excluded lines | caught | goal "
+          "| met | minutes | date |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table(modules: dict[str, Module]) -> str:
@@ -203,7 +204,7 @@ def table(modules: dict[str, Module]) -> str:
         if (folder / "mutants").exists():
             lines.append(row(score_of(folder, m), m.goal))
         else:
-            lines.append(f"| {m.name} | not run yet | | | | | {excluded_lines(m)} | | {m.goal:.0%} | no | | |")
+            lines.append(f"| {m.name} | not run yet | | | | | | {excluded_lines(m)} | | {m.goal:.0%} | no | | |")
     return "\n".join(lines)
 
 
