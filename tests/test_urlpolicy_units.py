@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from urllib.parse import unquote
 
 import httpcore2
@@ -24,7 +25,7 @@ import pytest
 import requests
 import urllib3
 
-from hugginggpt import cancel
+from hugginggpt import cancel, urlpolicy
 from hugginggpt.errors import ResourceError
 from hugginggpt.urlpolicy import (
     MAX_REDIRECTS,
@@ -66,7 +67,11 @@ ip = ipaddress.ip_address
     ("http://u:p@host/p?token=a#frag", "http://***@host/p?token=***#frag"),
     ("http://u:p@host?x=1", "http://***@host?x=1"),
     ("http://u:p@host#x", "http://***@host#x"),
-    ("http://host/p#frag@x", "http://host/p#frag@x"),  # an @ after the authority is not userinfo
+    ("https://user:pw@host/?return=http://x", "https://***@host/?return=http://x"),  # the first :// counts
+    ("http://host/p#frag@x", "http://host/p#frag@x"),
+    ("http://host/a@b/c", "http://host/a@b/c"),
+    ("http://Xavier:pw@host/", "http://***@host/"),
+    ("http://h/p?token=s3cret?x=1", "http://h/p?token=***"),  # an @ after the authority is not userinfo
     ("http://host?q=a@b", "http://host?q=a@b"),
     ("http://host#a@b/c", "http://host#a@b/c"),
     ("http://host/p?q=1&API_KEY=s3&flag&Token=t&x=&name=bob#f", "http://host/p?q=1&API_KEY=***&flag&Token=***&x=&name=bob#f"),
@@ -279,6 +284,10 @@ def test_from_entries_reads_hosts_and_networks():
     assert UrlPolicy.from_entries().resolver is system_resolver
 
 
+def test_from_entries_host_names_keep_every_letter():
+    assert UrlPolicy.from_entries(["XBOX", "[Intranet]"]).allow_hosts == frozenset({"xbox", "intranet"})
+
+
 def test_from_entries_accepts_non_string_entries():
     policy = UrlPolicy.from_entries([ipaddress.ip_network("10.0.0.0/8")])
     assert policy.allow_networks == (ipaddress.ip_network("10.0.0.0/8"),)
@@ -386,11 +395,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.server.seen.append({"path": self.path, "host": self.headers.get("Host"),
                                  "agent": self.headers.get("User-Agent"), "x": self.headers.get("X-Test")})
-        if self.path.startswith("http://"):  # absolute form: we are the proxy
-            if self.path.endswith("/to-internal"):
-                return self.send(302, b"", {"Location": "http://internal.test/secret"})
-            return self.send(200, b"via proxy", {"Content-Type": "text/plain"})
         path, _, query = self.path.partition("?")
+        if path.startswith("http://"):  # absolute form: we are the proxy
+            path = "/" + path.split("/", 3)[3]
+            if path == "/to-internal":
+                return self.send(302, b"", {"Location": "http://internal.test/secret"})
+            if path not in ("/dribble", "/stall", "/paced"):
+                return self.send(200, b"via proxy", {"Content-Type": "text/plain"})
         name, _, arg = path.strip("/").partition("/")
         if name == "ok":
             self.send(200, b"hello", {"Content-Type": "text/plain; charset=utf-8"})
@@ -426,6 +437,30 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 for _ in range(100):
                     self.wfile.write(b"z")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass
+            self.close_connection = True
+        elif name == "stall":  # a few bytes, then nothing for 5 s
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            try:
+                self.wfile.write(b"abcd")
+                self.wfile.flush()
+                for _ in range(100):
+                    time.sleep(0.05)
+            except OSError:
+                pass
+            self.close_connection = True
+        elif name == "paced":  # 64 KiB every 50 ms for 5 s
+            self.send_response(200)
+            self.send_header("Content-Length", str(100 * 65536))
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"p" * 65536)
                     self.wfile.flush()
                     time.sleep(0.05)
             except OSError:
@@ -607,6 +642,56 @@ def test_fetch_a_dribbling_peer_is_cut_at_the_timeout(web):
     assert 0.35 < took < 2.5, took  # the peer goes on for 5 s
 
 
+def test_fetch_read_loop_stops_at_the_deadline_even_if_the_watchdog_is_late(web, late_watchdog):
+    url = f"http://127.0.0.1:{web.port}/paced?token=t"
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, LOOPBACK, 100 * MIB, 0.3)
+    assert str(caught.value) == f"fetching 'http://127.0.0.1:{web.port}/paced?token=***' took longer than 0s"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+@pytest.fixture
+def late_watchdog(monkeypatch):
+    """The deadline watchdog never fires: what is left are the socket timeouts and the read loop's own check."""
+    monkeypatch.setattr(urlpolicy._WATCHDOG, "add", lambda watch: None)
+
+
+def test_fetch_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchdog_is_late(web, late_watchdog):
+    url = f"http://127.0.0.1:{web.port}/stall"
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, LOOPBACK, 10_000, 0.3)
+    assert str(caught.value) == f"fetching {url!r} failed: ReadTimeoutError"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+def test_fetch_through_a_proxy_a_silent_peer_is_cut_by_the_read_timeout(web, late_watchdog):
+    policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"])
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch("http://public.test/stall", policy, 10_000, 0.3, proxy=f"http://127.0.0.1:{web.port}")
+    assert str(caught.value) == "fetching 'http://public.test/stall' failed: ReadTimeoutError"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+def test_fetch_through_a_proxy_a_dribbling_peer_is_cut_at_the_timeout(web):
+    policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"])
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch("http://public.test/dribble", policy, 10_000, 0.4, proxy=f"http://127.0.0.1:{web.port}")
+    assert str(caught.value) == "fetching 'http://public.test/dribble' took longer than 0s"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+def test_fetch_through_a_proxy_is_cut_at_the_size_limit_while_it_streams(web):
+    policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"])
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match=r"^'http://public.test/paced' is larger than the 0 MiB limit$"):
+        fetch("http://public.test/paced", policy, 100_000, 10, proxy=f"http://127.0.0.1:{web.port}")
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
 def test_fetch_a_peer_that_never_accepts_is_cut_at_the_timeout():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -639,6 +724,17 @@ def test_fetch_a_slow_lookup_counts_against_the_timeout(web):
     with pytest.raises(ResourceError) as caught:
         fetch(url, UrlPolicy.from_entries(["127.0.0.1"], resolver=slow), 1000, 0.2)
     assert str(caught.value) == f"fetching {url!r} took longer than 0s"
+    assert web.seen == []
+
+
+def test_fetch_a_slow_lookup_is_stopped_before_connecting_even_if_the_watchdog_is_late(web, late_watchdog):
+    def slow(host: str, port: int) -> list[str]:
+        time.sleep(0.25)
+        return ["127.0.0.1"]
+
+    with pytest.raises(ResourceError) as caught:
+        fetch(f"http://slow.test:{web.port}/ok?key=k", UrlPolicy.from_entries(["127.0.0.1"], resolver=slow), 1000, 0.2)
+    assert str(caught.value) == f"fetching 'http://slow.test:{web.port}/ok?key=***' took longer than 0s"
     assert web.seen == []
 
 
@@ -754,6 +850,15 @@ def test_fetch_https_refuses_a_certificate_for_another_name(tls):
     assert tls.seen == []
 
 
+def test_fetch_https_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchdog_is_late(tls, late_watchdog):
+    url = f"https://secure.test:{tls.port}/stall"
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, TO_LOOPBACK, 10_000, 0.3)
+    assert str(caught.value) == f"fetching {url!r} failed: ReadTimeoutError"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
 def test_fetch_https_refuses_an_untrusted_certificate(tls, monkeypatch):
     monkeypatch.delenv("SSL_CERT_FILE")
     with pytest.raises(ResourceError, match="failed: SSLError"):
@@ -844,6 +949,16 @@ def test_watch_a_socket_no_longer_in_use_is_not_shut_on_cancel(pairs):
     watch.cancel()
     assert not is_shut(a) and is_shut(b)
     assert watch.fired and watch.cancelled
+
+
+def test_watch_after_finish_takes_and_gives_back_sockets_harmlessly(pairs):
+    watch = _Watch(math.inf)
+    watch.finish()
+    a = pairs()
+    watch.register(a)
+    watch.unregister(a)
+    watch.unregister(pairs())
+    assert not is_shut(a)
 
 
 def test_watch_after_finish_shuts_nothing(pairs):
@@ -1018,8 +1133,10 @@ def test_watched_pool_classes():
 
 
 def test_watched_adapter_is_cut_at_the_deadline_and_takes_adapter_options(web):
-    adapter = watched_adapter(max_retries=3, pool_maxsize=7)
+    adapter = watched_adapter(max_retries=3, pool_maxsize=7, pool_block=True)
     assert adapter.max_retries.total == 3
+    assert adapter.poolmanager.connection_pool_kw["maxsize"] == 7
+    assert adapter.poolmanager.connection_pool_kw["block"] is True
     session = requests.Session()
     session.mount("http://", adapter)
     assert session.get(f"http://127.0.0.1:{web.port}/ok", timeout=5).text == "hello"
@@ -1100,6 +1217,13 @@ def test_deadline_stream_clamps_each_timeout_to_the_deadline():
     timeouts = [call[2] for call in inner.calls]
     assert 15 < timeouts[0] <= 20 and timeouts[1] == 0.5 and 15 < timeouts[2] <= 20
     assert 15 < timeouts[3] <= 20 and 15 < timeouts[4] <= 20
+
+
+def test_deadline_stream_less_than_a_second_left_is_still_time():
+    inner = FakeStream()
+    with deadline_scope(time.monotonic() + 0.5):
+        _DeadlineStream(inner).read(10, 30.0)
+    assert 0 < inner.calls[0][2] <= 0.5
 
 
 @pytest.mark.parametrize("call, error", [
@@ -1186,8 +1310,10 @@ def test_deadline_stream_start_tls_wraps_the_new_stream():
         tls = _DeadlineStream(inner).start_tls(context, "example.com", 30.0)
         assert isinstance(tls, _DeadlineStream)
         tls.read(5, 30.0)
-    (name, ctx, host, timeout), = inner.calls
+        _DeadlineStream(inner).start_tls(context, "example.com", 0.5)
+    (name, ctx, host, timeout), second = inner.calls
     assert (name, ctx, host) == ("start_tls", context, "example.com") and 15 < timeout <= 20
+    assert second == ("start_tls", context, "example.com", 0.5)
     assert 15 < tls._inner.calls[0][2] <= 20
 
 
@@ -1197,16 +1323,18 @@ def test_deadline_backend_connects_with_the_time_left():
     with deadline_scope(time.monotonic() + 20):
         stream = backend.connect_tcp("example.com", 443, 30.0, "0.0.0.0", ["opt"])
         assert isinstance(stream, _DeadlineStream)
+        backend.connect_tcp("example.com", 443, 0.5)
         unix = backend.connect_unix_socket("/tmp/s", 3.0, ["o"])
         assert isinstance(unix, _DeadlineStream)
     backend.sleep(0.25)
-    (name, host, port, timeout, local, options), unix_call, sleep_call = inner.calls
+    (name, host, port, timeout, local, options), short, unix_call, sleep_call = inner.calls
     assert (name, host, port, local, options) == ("tcp", "example.com", 443, "0.0.0.0", ["opt"])
     assert 15 < timeout <= 20
+    assert short == ("tcp", "example.com", 443, 0.5, None, None)
     assert unix_call == ("unix", "/tmp/s", 3.0, ["o"]) and sleep_call == ("sleep", 0.25)
     with deadline_scope(time.monotonic() - 0.001), pytest.raises(httpcore2.ConnectTimeout):
         backend.connect_tcp("example.com", 443, 30.0)
-    assert len(inner.calls) == 3
+    assert len(inner.calls) == 4
 
 
 def test_deadline_backend_defaults_to_real_sockets(web):
@@ -1235,6 +1363,12 @@ def test_pinned_backend_connects_only_to_the_checked_address():
     assert str(caught.value) == "a pinned client connects only to checked addresses"
     backend.sleep(0.5)
     assert inner.calls[1:] == [("sleep", 0.5)]
+
+
+def test_pinned_backend_matches_an_ipv6_host_written_in_brackets():
+    inner = FakeBackend()
+    PinnedBackend({("[2001:DB8::1]", 443): "2001:db8::1"}, inner).connect_tcp("2001:db8::1", 443, 5.0)
+    assert inner.calls == [("tcp", "2001:db8::1", 443, 5.0, None, None)]
 
 
 def test_pinned_backend_defaults_to_real_sockets(web):
@@ -1271,6 +1405,16 @@ def test_bound_by_deadlines_wraps_once():
     assert isinstance(backend, DeadlineBackend) and isinstance(backend._inner, httpcore2.SyncBackend)
     pinned = bound_by_deadlines(httpx2.HTTPTransport(), pins={})._pool._network_backend
     assert isinstance(pinned._inner, PinnedBackend)
+
+
+@pytest.mark.parametrize("pins, address", [(None, "example.com"), ({("example.com", 443): "93.184.216.34"},
+                                                                    "93.184.216.34")])
+def test_bound_by_deadlines_keeps_the_transports_own_network_backend(pins, address):
+    inner = FakeBackend()
+    transport = SimpleNamespace(_pool=SimpleNamespace(_network_backend=inner))
+    assert bound_by_deadlines(transport, pins=pins) is transport
+    transport._pool._network_backend.connect_tcp("example.com", 443, 5.0)
+    assert inner.calls == [("tcp", address, 443, 5.0, None, None)]
 
 
 def test_bound_by_deadlines_leaves_other_transports_alone():

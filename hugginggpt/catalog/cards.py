@@ -101,7 +101,7 @@ class KeywordRanker:
         wanted = languages_in(query.text) | ({query.language} if query.language else set())
         scored = []
         for card in cards:
-            overlap = len(q & words(card.text())) / (1 + len(q)) if q else 0.0
+            overlap = len(q & words(card.text())) / (1 + len(q))
             score = overlap + 0.3 * language_fit(card, wanted) + 0.4 * popularity(card)
             scored.append((card, score))
         return sorted(scored, key=lambda cs: -cs[1])

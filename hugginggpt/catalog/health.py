@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS health(
 );
 """
 EWMA_ALPHA = 0.3
+# SQL is written in triple quotes: its keywords and names are case-insensitive, and mutmut leaves such strings alone
 COLUMNS = "model, ok, failed, consecutive_failures, last_ok, last_failure, last_error, ewma_seconds"
 
 
@@ -62,7 +63,7 @@ class Health:
         """Take in what other connections (the server's other workers) recorded since the last look: one cheap
         PRAGMA when nothing changed."""
         with self.reader_lock:
-            version = self.reader.execute("PRAGMA data_version").fetchone()[0]
+            version = self.reader.execute("""PRAGMA data_version""").fetchone()[0]
             if version == self._version:
                 return
             rows = self.reader.execute(f"SELECT {COLUMNS} FROM health").fetchall()
@@ -77,21 +78,21 @@ class Health:
         with self.lock:
             own = not self.conn.in_transaction
             if own:
-                self.conn.execute("BEGIN IMMEDIATE")  # another worker's record waits for this one
+                self.conn.execute("""BEGIN IMMEDIATE""")  # another worker's record waits for this one
             try:
                 row = self.conn.execute(f"SELECT {COLUMNS} FROM health WHERE model=?", (model_id,)).fetchone()
                 h = ModelHealth(*row) if row else ModelHealth(model_id)
                 self._update(h, ok, seconds, error, now)
                 self.conn.execute(
-                    "INSERT OR REPLACE INTO health(model, ok, failed, consecutive_failures, last_ok, last_failure, "
-                    "last_error, ewma_seconds) VALUES (?,?,?,?,?,?,?,?)",
+                    """INSERT OR REPLACE INTO health(model, ok, failed, consecutive_failures, last_ok, last_failure,
+                    last_error, ewma_seconds) VALUES (?,?,?,?,?,?,?,?)""",
                     (h.model, h.ok, h.failed, h.consecutive_failures, h.last_ok, h.last_failure, h.last_error,
                      h.ewma_seconds))
                 if own:
-                    self.conn.execute("COMMIT")
+                    self.conn.execute("""COMMIT""")
             except BaseException:
                 if own and self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
+                    self.conn.execute("""ROLLBACK""")
                 raise
             self._rows[model_id] = h
 
@@ -117,7 +118,7 @@ class Health:
     def penalty(self, model_id: str) -> float:
         """0 (healthy or never run) .. 1: one recent failure gives 0.5, two or more 1, halving every half-life."""
         h = self._rows.get(model_id)
-        if h is None or not h.consecutive_failures or h.last_failure is None:
+        if h is None or h.last_failure is None:  # never failed (after a success, consecutive_failures is 0)
             return 0.0
         age = max(0.0, self.clock() - h.last_failure)
         return min(1.0, h.consecutive_failures / 2) * 0.5 ** (age / self.half_life_s)

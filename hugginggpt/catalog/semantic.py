@@ -69,7 +69,7 @@ class LRU:
             self._data[key] = value
             self._data.move_to_end(key)
             while len(self._data) > self.size:
-                self._data.popitem(last=False)
+                del self._data[next(iter(self._data))]  # the least recently used
 
     def __len__(self) -> int:
         return len(self._data)
@@ -206,7 +206,7 @@ class SemanticRanker:
 
     def _stack(self, cards: list[ModelCard]) -> tuple[np.ndarray, np.ndarray]:
         """The cards' vectors as one (n, dim) matrix, and their popularity prior, cached per card list."""
-        key = tuple(c.id + "\0" + c.task for c in cards)
+        key = tuple((c.id, c.task) for c in cards)
         hit = self._stacks.get(key)
         if hit is None:
             self.warm(cards)
@@ -224,5 +224,5 @@ class SemanticRanker:
         wanted = languages_in(query.text) | ({query.language} if query.language else set())
         if wanted:
             scores = scores + np.array([LANGUAGE_WEIGHT * language_fit(c, wanted) for c in cards])
-        order = np.argsort(-scores, kind="stable")
+        order = np.argsort(-scores, stable=True)
         return [(cards[i], float(scores[i])) for i in order]

@@ -589,7 +589,7 @@ class CatalogStore:
         budget = self.budget_mb or max_size_mb
         static = w.meaning * sims + w.popularity * index.prior[top] + w.size * size_fit(index.size[top], budget)
         keep = min(len(top), max(3 * limit, 20) + len(exclude))
-        order = np.argsort(-static, kind="stable")[:keep]
+        order = np.argsort(-static, stable=True)[:keep]
         rows = self._fetch(index.rowids[top[order]].tolist())
         scored = []
         for j in order:
@@ -609,7 +609,7 @@ class CatalogStore:
         for row in rows:
             if row["id"] in exclude or (max_size_mb and row.get("size_mb") and row["size_mb"] > max_size_mb):
                 continue
-            overlap = len(q & words(card_from_store_row(row).text())) / (1 + len(q)) if q else 0.0
+            overlap = len(q & words(card_from_store_row(row).text())) / (1 + len(q))
             scored.append((row, overlap))
         return self._finish(scored, text, limit, language, availability, w, self.budget_mb or max_size_mb)
 
