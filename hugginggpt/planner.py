@@ -98,7 +98,9 @@ class Planner:
         self._check_size(plan)
         problems = invalid_tasks(plan)
         if early is not None and early.started:
-            differs = [t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
+            in_plan = {t.id for t in plan.tasks}
+            differs = sorted([t.id for t in plan.tasks if t.id in early.started and not early.agrees(control_fixed(t))]
+                             + [tid for tid in early.started if tid not in in_plan])  # e.g. an example in prose
             if problems or differs or not plan.tasks:  # the full plan disagrees: start over from it
                 log.info("[%s] the full plan differs from the streamed tasks %s; starting over", req.request_id,
                          differs)

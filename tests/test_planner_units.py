@@ -194,6 +194,21 @@ def test_a_started_task_that_is_not_the_one_the_plan_will_run_is_stopped_and_the
     assert [name for name, _ in events] == ["plan"]
 
 
+def test_a_task_started_from_an_example_the_full_plan_does_not_hold_is_stopped(tmp_path, llm, caplog):
+    """The stream reads the first array in the reply; the full parse prefers a fenced block: an example in the
+    prose before it is started early but is no task of the plan."""
+    caplog.set_level(logging.INFO, logger="hugginggpt.planner")
+    example = {"task": "text-to-image", "id": 5, "dep": [-1], "args": {"text": "a cat"}}
+    llm.on("parse_task", f"A cat would be {json.dumps([example])}. Yours:\n```json\n{json.dumps([FOX])}\n```")
+    planner, state, events = make(tmp_path, llm)
+    sink = Sink()
+    planned = planner.plan(state, sink)
+    assert [t.id for t in sink.started] == [5] and sink.stops == 1
+    assert planned.streamed == frozenset() and planned.plan.to_list() == [FOX]
+    rid = state.request.request_id
+    assert f"[{rid}] the full plan differs from the streamed tasks [5]; starting over" in logged(caplog)
+
+
 def test_a_started_task_the_sink_fixed_up_as_the_plan_will_run_it_keeps_running(tmp_path, llm):
     llm.on("parse_task", json.dumps([CANNY]))
     planner, state, _ = make(tmp_path, llm)
