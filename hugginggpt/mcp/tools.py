@@ -26,8 +26,8 @@ from pydantic import Field, ValidationError
 from .. import __version__, cancel
 from ..admission import admitted
 from ..chat import ChatRequest, HuggingGPT, RequestState, validate_messages
-from ..errors import BadRequest, Forbidden, HuggingGPTError, PlanError
-from ..plan import PlanParseError, tasks_from_json
+from ..errors import BadRequest, Forbidden, HuggingGPTError
+from ..plan import tasks_from_json
 from ..request import generated_files, search_query
 from ..resources import public_file, resolve, sniff_mime
 from ..select import Selection, control_task_fixup
@@ -78,7 +78,7 @@ class Tools:
         if res.public_path:
             path, got = res.public_path, res.mime.split("/")[0]
         else:
-            name = Path(value.split("?", 1)[0]).name if not value.startswith("data:") else ""
+            name = Path(value.split("?")[0]).name if not value.startswith("data:") else ""
             path, got = self.uploads.store(res.data, name)
         if got != kind:
             raise BadRequest(f"`{kind}` must be {'an image' if kind == 'image' else 'audio'}; got {res.mime}")
@@ -107,11 +107,11 @@ class Tools:
                 continue
             data = file.read_bytes()
             mime = sniff_mime(data, file.name)
-            encoded = base64.b64encode(data).decode("ascii")
+            encoded = base64.b64encode(data).decode()
             if mime.startswith("image/"):
-                blocks.append(ImageContent(type="image", data=encoded, mime_type=mime))
+                blocks.append(ImageContent(data=encoded, mime_type=mime))
             elif mime.startswith("audio/"):
-                blocks.append(AudioContent(type="audio", data=encoded, mime_type=mime))
+                blocks.append(AudioContent(data=encoded, mime_type=mime))
         return blocks
 
     # -- the tools -----------------------------------------------------------------------------------
@@ -122,17 +122,15 @@ class Tools:
         with self.admitted():
             answer = self.engine.run(request, "answer",
                                      state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
-        state = holder.get("state")
-        results: dict[int, dict[str, Any]] = {}
-        if state is not None:
-            with state.lock:
-                results = {tid: state.results[tid] for tid in sorted(state.results)}
-        message = str(answer.get("message", ""))
+        state = holder["state"]  # handed over before anything runs
+        with state.lock:
+            results = {tid: state.results[tid] for tid in sorted(state.results)}
+        message = str(answer["message"])
         files = generated_files(results)
         plain = _jsonable({str(k): v for k, v in results.items()})
-        content: list[ContentBlock] = [TextContent(type="text", text=message), *self.media(files)]
+        content: list[ContentBlock] = [TextContent(text=message), *self.media(files)]
         if results:
-            content.append(TextContent(type="text", text="Task results: " + json.dumps(plain, ensure_ascii=False)))
+            content.append(TextContent(text="Task results: " + json_text(plain)))
         return CallToolResult(content=content, structured_content={
             "message": message, "files": files, "results": plain, "request_id": request.request_id})
 
@@ -140,8 +138,7 @@ class Tools:
         request = self.request(text, image, audio)
         with self.admitted():
             decided = _jsonable(self.engine.run(request, "decisions", state_ready=watched))
-        return CallToolResult(content=[TextContent(type="text", text=json.dumps(decided, ensure_ascii=False))],
-                              structured_content=decided)
+        return CallToolResult(content=[TextContent(text=json_text(decided))], structured_content=decided)
 
     def run_model(self, task: str, model: str, text: str | None = None, image: str | None = None,
                   audio: str | None = None) -> CallToolResult:
@@ -153,11 +150,7 @@ class Tools:
         if any("<GENERATED>" in v.upper() for v in args.values()):
             raise BadRequest("run_model takes its inputs as they are; `<GENERATED>-N` names the output of a "
                              "planned task, which a single model run has none of")
-        try:
-            plan = tasks_from_json([{"task": task, "id": 0, "dep": [-1], "args": args}])
-        except (PlanParseError, PlanError) as exc:
-            raise BadRequest(str(exc)) from None
-        planned = plan.tasks[0]
+        planned = tasks_from_json([{"task": task, "args": args}]).tasks[0]  # id 0, no dependency
         if planned.error:
             raise BadRequest(planned.error)
         control_task_fixup(planned)
@@ -170,15 +163,17 @@ class Tools:
         order = selector.backends_in_order()
         with self.admitted():  # the status checks of a caller-named id are work too
             found = self.engine.availability.check([model], order)
-            backend = next((b for b in order if model in found.get(b, [])), None)
+            backend = next((b for b in order if model in found[b]), None)
             if backend is None:
                 where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
                 raise BadRequest(f"{model} is not available on {where}")
-            request = ChatRequest(messages=[{"role": "user", "content": f"run {planned.task} on {model}"}])
+            # the run's request: its id names it in the log; nothing reads its words (no LLM is asked)
+            request = ChatRequest(messages=[  # pragma: no mutate: nothing reads the words
+                {"role": "user", "content": f"run {planned.task} on {model}"},  # pragma: no mutate: ditto
+            ])
             state = RequestState(request, self.engine.llm_for(request), None, self.config.request_timeout)
             chosen: Future = Future()
-            chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller",
-                                        available={backend: [model]}))
+            chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller"))
             state.selections[planned.id] = chosen
             watched(state)
             running = cancel.CURRENT.set(state.cancel_token)  # its I/O stops if the caller leaves
@@ -187,35 +182,37 @@ class Tools:
             finally:
                 cancel.CURRENT.reset(running)
         inference = record["inference result"]
-        if "error" in inference:
-            error = inference["error"]
-            raise HuggingGPTError(f"{model} ({backend}) failed: "
-                                  f"{error.get('message', error) if isinstance(error, dict) else error}")
+        if "error" in inference:  # the executor's failures are {"error": {"message": ...}}
+            raise HuggingGPTError(f"{model} ({backend}) failed: {inference['error']['message']}")
         plain = _jsonable(record)
         files = generated_files({planned.id: record})
-        content: list[ContentBlock] = [TextContent(type="text", text=json.dumps(plain["inference result"],
-                                                                                ensure_ascii=False)),
-                                       *self.media(files)]
+        content: list[ContentBlock] = [TextContent(text=json_text(plain["inference result"])), *self.media(files)]
         return CallToolResult(content=content, structured_content={**plain, "hosted_on": backend, "files": files})
 
-    def search_models(self, task: str | None = None, q: str = "", limit: int = 10) -> CallToolResult:
+    def search_models(self, task: str | None, q: str, limit: int) -> CallToolResult:
         task_name, q, limit = search_query(task, q, limit, self.engine.selector.tasks())
         cards = _jsonable(self.engine.selector.search(task_name, q, limit))
-        return CallToolResult(content=[TextContent(type="text", text=json.dumps(cards, ensure_ascii=False))],
-                              structured_content={"models": cards})
+        return CallToolResult(content=[TextContent(text=json_text(cards))], structured_content={"models": cards})
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+    return json.loads(json.dumps(value, default=str))
+
+
+def json_text(value: Any) -> str:
+    """JSON as a person reads it: accented letters and other scripts as they are, not \\u escapes."""
+    return json.dumps(value,
+                      ensure_ascii=False,  # pragma: no mutate: ensure_ascii=None is as false as False
+                      )
 
 
 def guarded(name: str, fn: Callable[..., CallToolResult]) -> Callable[..., CallToolResult]:
     """Errors this package raises on purpose become tool errors of one line; anything else is logged here
     with its traceback and reaches the client as one line naming only its type."""
 
-    def call(*args: Any, **kwargs: Any) -> CallToolResult:
+    def call(*args: Any) -> CallToolResult:
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except HuggingGPTError as exc:  # the SDK logs it (one line, at INFO)
             raise ToolError(one_line(str(exc))) from None
         except Exception as exc:
@@ -236,7 +233,7 @@ class HuggingGPTServer(MCPServer):
             if not isinstance(cause, ValidationError):
                 raise
             problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}"
-                                 for e in cause.errors(include_url=False))
+                                 for e in cause.errors())
             raise ToolError(f"Error executing tool {name}: {one_line(problems)}") from cause
 
 
