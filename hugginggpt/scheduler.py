@@ -118,7 +118,7 @@ class Scheduler:
             self._closed = True
             result = {tid: Outcome(**vars(o)) for tid, o in self._outcomes.items()}
         if self._own_pool:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)  # pragma: no mutate: wait=None is false too
         else:
             for future in self._futures:  # what still waits in the shared executor never runs
                 future.cancel()

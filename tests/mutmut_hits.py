@@ -18,9 +18,15 @@ class ChildHits:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="mutmut-hits-"))
         self.offsets: dict[Path, int] = {}
+        self.reached: dict[Path, set[str]] = {}  # by child: every function it ever reached
         (self.folder / "epoch").touch()
 
     def collect(self) -> set[str]:
+        """What the children reached during the test that just ended.
+
+        A child the test talked to counts with everything it ever reached: a server started once for many
+        tests (a session fixture) builds its routes at start-up, and a mutant there changes every later
+        request, not only the first test's."""
         names: set[str] = set()
         for path in self.folder.glob("*.hits"):
             with path.open("rb") as f:
@@ -28,7 +34,11 @@ class ChildHits:
                 data = f.read()
             end = data.rfind(b"\n") + 1  # a line still being written waits for the next test
             self.offsets[path] = self.offsets.get(path, 0) + end
-            names.update(line for line in data[:end].decode("utf-8").splitlines() if line)
+            new = {line for line in data[:end].decode("utf-8").splitlines() if line}
+            if new:
+                reached = self.reached.setdefault(path, set())
+                reached |= new
+                names |= reached
         stamp = time.time_ns()
         os.utime(self.folder / "epoch", ns=(stamp, stamp))
         return names

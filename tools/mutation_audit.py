@@ -160,8 +160,10 @@ def score_of(folder: Path, module: Module) -> Score:
     return s
 
 
-def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None) -> Score:
+def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None, restat: bool = False) -> Score:
     folder = prepare(module, base)
+    if restat:  # which test reaches which function is collected again (mutmut keeps it otherwise)
+        (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     log = folder / "mutmut.log"
     started = time.monotonic()
     args = ["run"] + ([f"--max-children={max_children}"] if max_children else [])
@@ -228,6 +230,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the modules CI runs")
     parser.add_argument("--check", action="store_true", help="exit 1 when a module is below its goal")
     parser.add_argument("--recheck", action="store_true", help="run survivors and untested mutants again")
+    parser.add_argument("--restat", action="store_true",
+                        help="find again which tests reach which function (after adding tests or changing the harness)")
     parser.add_argument("--table", action="store_true", help="print the table; with modules, update docs/TESTING.md")
     parser.add_argument("--survivors", action="store_true", help="show the diff of each survivor")
     parser.add_argument("--list", action="store_true", help="the modules, their tests and goals")
@@ -256,7 +260,8 @@ def main() -> int:
     failed = []
     for n in names:
         m = modules[n]
-        s = run_module(m, base, recheck=args.recheck, max_children=args.max_children)
+        s = run_module(m, base, recheck=args.recheck, max_children=args.max_children,
+                         restat=args.restat)
         print(row(s, m.goal), flush=True)
         if s.ratio < m.goal or s.not_checked:
             failed.append(f"{n}: {s.caught} of {s.mutants} caught ({s.ratio:.1%}), goal {m.goal:.0%}"
