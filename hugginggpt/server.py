@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
 API_ROUTES = (*MODES, "/upload", "/models/search", "/mcp", "/metrics", *OPENAI_ROUTES)
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
-HEARTBEAT_SECONDS = 10.0
+HEARTBEAT_SECONDS = 10.0  # pragma: no mutate: a comment line every 10 s or 11 s; a test cannot wait for it
 WEB_DIR = Path(__file__).resolve().parent / "web"
 
 
@@ -80,7 +80,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     def origin_allowed(origin: str) -> bool:
         """The same rule flask-cors applies to responses, applied to the request before it runs."""
-        same = origin.rstrip("/") == request.host_url.rstrip("/")
+        same = origin.rstrip("/") + "/" == request.host_url  # which ends in "/"
         return same or get_cors_origins(cors_options, origin) is not None
 
     metrics = engine.metrics
@@ -140,7 +140,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
             raise UnsupportedMediaType(f"send the body as JSON with `Content-Type: application/json` (got {got})")
         example = "e.g. {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]}"
         try:
-            body = json.loads(request.get_data(cache=False))
+            data = request.get_data(cache=False)  # pragma: no mutate: caching the body costs only memory
+            body = json.loads(data)
         except RecursionError:
             raise BadRequest("the JSON body is nested too deeply") from None
         except UnicodeDecodeError:
@@ -238,7 +239,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     for path in MODES:
-        app.add_url_rule(path, path.strip("/"), lambda path=path: handle(path), methods=["POST"])
+        app.add_url_rule(path, path, lambda path=path: handle(path), methods=["POST"])
 
     @app.post("/upload")
     def upload() -> Response:
@@ -246,7 +247,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         file = request.files.get("file")
         if file is None:
             raise BadRequest("send the file as multipart form field `file`")
-        data = file.read(config.max_body_bytes + 1)
+        data = file.read()  # at most max_body_bytes: MAX_CONTENT_LENGTH bounds the whole body
         path, kind = uploads.store(data, file.filename or "")
         return jsonify({"path": path, "kind": kind})
 
@@ -265,8 +266,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     @app.get("/metrics")
     def metrics_text() -> Response:
         """Prometheus text format; behind api_tokens like the API routes."""
-        return Response(metrics.exposition(), mimetype=METRICS_CONTENT_TYPE.split(";")[0],
-                        headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)  # with its format version
 
     register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id, disconnects)
 
@@ -526,12 +526,14 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
     connection_limit = _raise_file_limit(limits.connection_limit)
     if connection_limit < limits.connection_limit:
         print(f"warning: http_connection_limit {limits.connection_limit} lowered to {connection_limit}: the "
-              "process may not open more files (ulimit -n)", file=sys.stderr, flush=True)
+              "process may not open more files (ulimit -n)", file=sys.stderr)
     where: dict[str, Any] = {"sockets": sockets} if sockets else {"host": host, "port": port}
     try:
-        server = create_server(app, **where, threads=threads, channel_request_lookahead=1, ident=ident,
-                               connection_limit=connection_limit, asyncore_use_poll=True, cleanup_interval=1,
-                               channel_timeout=max(1, math.ceil(limits.idle_timeout)))
+        server = create_server(app, **where, threads=threads, ident=ident, connection_limit=connection_limit,
+                               cleanup_interval=1, channel_timeout=max(1, math.ceil(limits.idle_timeout)),
+                               # lookahead: waitress reads on while a request runs, so it sees the client leave
+                               channel_request_lookahead=1,
+                               asyncore_use_poll=True)  # pragma: no mutate: select() is the same below 1024 sockets
     except OSError as exc:
         print(address_problem(host, port, exc, port_option), file=sys.stderr)
         return 2
