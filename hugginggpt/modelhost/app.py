@@ -57,7 +57,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
 
     def discovered(model_id: str) -> bool:
         """Is this id one for the discovery path (not a catalog model of any level)?"""
-        return discovering and registry.get(model_id) is None and model_id not in registry.catalog_ids
+        return discovering and model_id not in registry.catalog_ids  # the registry's ids are all catalog ids
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     tokens = (token,) if token else ()

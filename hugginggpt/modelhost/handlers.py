@@ -86,7 +86,7 @@ class Inputs:
         import soundfile as sf
 
         path, public = new_output_path(self.public_dir, "audio", "wav")
-        sf.write(path, np.asarray(samples, dtype="float32").reshape(-1), int(rate), format="WAV")
+        sf.write(path, np.asarray(samples, dtype="float32").reshape(-1), int(rate))  # WAV: the name ends in .wav
         return {"path": public}
 
 
@@ -428,7 +428,7 @@ def _classify_images(m: Loaded, images: list[Any]) -> list[Any]:
 
 def _similarities(m: Loaded, pairs: list[tuple[str, str]]) -> list[Any]:
     if not hasattr(m.obj, "encode"):  # a feature-extraction pipeline: one pair at a time, as the handler does
-        return [sentence_similarity(m, Inputs(body={"text": a, "text2": b}, public_dir=Path("."))) for a, b in pairs]
+        return [sentence_similarity(m, Inputs(body={"text": a, "text2": b}, public_dir=Path())) for a, b in pairs]
     emb = m.obj.encode([t for pair in pairs for t in pair], normalize_embeddings=True, show_progress_bar=False,
                        batch_size=2 * len(pairs))
     return [{"score": float(np.dot(emb[2 * k], emb[2 * k + 1]))} for k in range(len(pairs))]
