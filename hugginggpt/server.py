@@ -87,7 +87,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     host_names = allowed_host_names(config.http_host, config.allowed_hosts)
 
-    @app.before_request
+    # routes are registered by call, not by decorator: mutmut skips decorated functions (docs/TESTING.md)
     def guard() -> None:
         g.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
         if not config.api_tokens and not host_allowed(request.headers.get("Host"), host_names):
@@ -104,33 +104,34 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         refused = token_problem(request.headers.get("Authorization"), config.api_tokens)
         if refused is not None:
             raise refused
+    app.before_request(guard)
 
-    @app.after_request
     def no_sniff(resp: Response) -> Response:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers[REQUEST_ID_HEADER] = g.get("request_id") or request_id_from_header(None)
         route = request.url_rule.rule if request.url_rule is not None else "other"
         metrics.http_requests.labels(route, str(resp.status_code)).inc()
         return resp
+    app.after_request(no_sniff)
 
-    @app.errorhandler(HuggingGPTError)
     def known_error(exc: HuggingGPTError) -> Response:
         log.warning("request failed: %s", exc)
         return error_response(str(exc), exc.status, exc.kind)
+    app.register_error_handler(HuggingGPTError, known_error)
 
-    @app.errorhandler(RequestEntityTooLarge)
     def too_large(exc: RequestEntityTooLarge) -> Response:
         return error_response(f"request body is larger than {config.max_body_bytes} bytes", 413,
                               "invalid_request_error")
+    app.register_error_handler(RequestEntityTooLarge, too_large)
 
-    @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         return error_response(exc.description or exc.name, exc.code or 500, "invalid_request_error")
+    app.register_error_handler(HTTPException, http_error)
 
-    @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Response:
         log.exception("unexpected error")
         return error_response(f"internal error ({exc.__class__.__name__}); see the server log", 500, "server_error")
+    app.register_error_handler(Exception, unexpected)
 
     def read_body() -> dict[str, Any]:
         if request.content_length and request.content_length > config.max_body_bytes:
@@ -241,7 +242,6 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     for path in MODES:
         app.add_url_rule(path, path, lambda path=path: handle(path), methods=["POST"])
 
-    @app.post("/upload")
     def upload() -> Response:
         """Store an image or audio file under public/uploads/ so requests can name it."""
         file = request.files.get("file")
@@ -250,8 +250,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         data = file.read()  # at most max_body_bytes: MAX_CONTENT_LENGTH bounds the whole body
         path, kind = uploads.store(data, file.filename or "")
         return jsonify({"path": path, "kind": kind})
+    app.add_url_rule("/upload", view_func=upload, methods=["POST"])
 
-    @app.get("/health")
     def health() -> Response:
         """Open to everyone, so it names no endpoint, key or token."""
         checks = engine.checks()
@@ -262,36 +262,37 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         return jsonify({"status": "degraded" if down else "ok", "down": down, "llm": llm,
                         "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
+    app.add_url_rule("/health", view_func=health, methods=["GET"])
 
-    @app.get("/metrics")
     def metrics_text() -> Response:
         """Prometheus text format; behind api_tokens like the API routes."""
         return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)  # with its format version
+    app.add_url_rule("/metrics", view_func=metrics_text, methods=["GET"])
 
     register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id, disconnects)
 
-    @app.get("/models/search")
     def models_search() -> Response:
         """What the planner can choose from: `task`, `q` (the request's words), `limit`; best first."""
         task, q, limit = search_query(request.args.get("task"), request.args.get("q"), request.args.get("limit", "10"),
                                       engine.selector.tasks())
         return jsonify(engine.selector.search(task, q, limit))
+    app.add_url_rule("/models/search", view_func=models_search, methods=["GET"])
 
     mount_mcp(app, engine, disconnects)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
 
-    @app.get("/")
     def index() -> Response:
         return send_from_directory(WEB_DIR, "index.html")
+    app.add_url_rule("/", view_func=index, methods=["GET"])
 
-    @app.get("/favicon.ico")
     def favicon() -> Response:
         return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml", max_age=86400)
+    app.add_url_rule("/favicon.ico", view_func=favicon, methods=["GET"])
 
-    @app.get("/<path:filename>")
     def public_files(filename: str) -> Response:
         if "/" + filename in MODES:
             return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
         return send_public_file(public, filename)
+    app.add_url_rule("/<path:filename>", view_func=public_files, methods=["GET"])
 
     from .httpbody import BODY_GATE
     app.extensions[BODY_GATE] = body_gate(config, metrics)  # `serve` refuses on the headers what guard would
