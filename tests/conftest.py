@@ -34,6 +34,10 @@ def _mutmut_children() -> None:
         _CHILD_HITS.append(hits)
 
 
+def pytest_collection_modifyitems(session, config, items) -> None:
+    mutmut_hits.fastest_files_first(items)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem) -> None:
     for hits in _CHILD_HITS:

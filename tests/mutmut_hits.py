@@ -64,3 +64,24 @@ def hand_to_mutmut(hits: ChildHits) -> None:
     from mutmut.state import state
 
     state()._stats.update(hits.collect())
+
+
+def fastest_files_first(items: list) -> None:
+    """While mutmut runs a mutant: the test files that ran fastest in its stats go first.
+
+    mutmut stops at the first failing test (-x) but hands pytest its tests in no order, so a mutant the unit
+    tests kill in a second could first wait for a file that starts servers. Files stay whole, so their
+    fixtures are set up once; a survivor still runs every test."""
+    mode = os.environ.get("MUTANT_UNDER_TEST")
+    stats = Path("mutmut-stats.json")  # mutmut runs the tests from its mutants/ folder
+    if not mode or mode == "stats" or not stats.is_file():
+        return
+    import json
+
+    durations = json.loads(stats.read_text()).get("duration_by_test", {})
+    per_file: dict[str, float] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        per_file[path] = per_file.get(path, 0.0) + durations.get(item.nodeid, 1.0)
+    first_seen = {path: n for n, path in enumerate(dict.fromkeys(i.nodeid.split("::")[0] for i in items))}
+    items.sort(key=lambda i: (per_file[i.nodeid.split("::")[0]], first_seen[i.nodeid.split("::")[0]]))
