@@ -2439,3 +2439,206 @@ def test_quantizing_gives_the_shipped_int8_graph(tmp_path, caplog, int8_encoder)
     ours = OnnxEncoder(folder, tmp_path)
     assert ours.precision == "int8"
     np.testing.assert_allclose(ours.encode(texts), int8_encoder.encode(texts), atol=1e-6)  # the same weights
+
+
+# ---------------------------------------------------------------------------------------------- what the mutation audit found
+# Functions the audit's first catalog run left unchecked or with surviving mutants: each test below pins what
+# a user of the function sees (docs/TESTING.md).
+
+
+def test_the_catalog_is_read_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    path = tmp_path / "models.jsonl"
+    path.write_bytes(json.dumps({"id": "org/de", "task": "translation", "description": "Übersetzung ins Deutsche"},
+                                ensure_ascii=False).encode())
+    monkeypatch.setattr(io, "text_encoding", lambda encoding, stacklevel=2: encoding or "latin-1")  # a Latin-1 locale
+    assert path.read_text() != path.read_text(encoding="utf-8")  # what the locale's codec would read
+    assert Catalog.load(path).get("org/de").description == "Übersetzung ins Deutsche"
+    store = CatalogStore(tmp_path / "s.sqlite", None)
+    store.import_curated(path)
+    assert store.get("org/de").card.description == "Übersetzung ins Deutsche"
+    store.close()
+
+
+def test_background_refresh_logs_each_run_and_counts_it_once(hash_store, monkeypatch, caplog):
+    import logging
+
+    import hugginggpt.catalog.sync as sync_mod
+
+    calls = []
+
+    def fake_sync(store, client, tasks, per_task=None, progress="unset"):
+        calls.append(tasks)
+        if len(calls) == 1:
+            raise RuntimeError("network down")
+        return SyncReport({"translation": TaskReport(fetched=5)}, seconds=1.5)
+
+    monkeypatch.setattr(sync_mod, "sync", fake_sync)
+    refresh = sync_mod.BackgroundRefresh(hash_store, "client", ["translation"], hours=0.0)
+    assert refresh.runs == 0
+    with caplog.at_level(logging.INFO, logger="hugginggpt.catalog.sync"):
+        refresh.start()
+        deadline = time.monotonic() + 5
+        while refresh.runs < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        refresh.stop()
+    assert not refresh._thread.is_alive()
+    assert refresh.runs == len(calls) >= 3  # a failed run counts too
+    records = [r for r in caplog.records if r.name == "hugginggpt.catalog.sync"]
+    failed = [r for r in records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failed] == ["catalog refresh failed"]
+    assert str(failed[0].exc_info[1]) == "network down"  # with its traceback
+    done = [r.getMessage() for r in records if r.levelno == logging.INFO]
+    assert done == ["catalog refresh: 5 cards fetched in 1.5s"] * (len(calls) - 1)
+
+
+def test_background_refresh_waits_its_interval_before_each_run(hash_store, monkeypatch):
+    import hugginggpt.catalog.sync as sync_mod
+
+    calls = []
+    monkeypatch.setattr(sync_mod, "sync", lambda *a, **kw: calls.append(time.monotonic()) or SyncReport())
+    refresh = sync_mod.BackgroundRefresh(hash_store, "client", ["translation"], hours=0.25 / 3600)  # 0.25 s
+    started = time.monotonic()
+    refresh.start()
+    time.sleep(0.1)
+    assert calls == []  # not at once: the store was synced when the server started
+    deadline = time.monotonic() + 5
+    while refresh.runs < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    refresh.stop()
+    assert refresh.runs >= 1 and calls[0] - started >= 0.2
+
+
+def test_the_torch_encoder_embeds_in_batches_of_64(fake_sentence_transformers):
+    from hugginggpt.catalog.embedding import TorchEncoder
+
+    TorchEncoder(Path("/m")).encode(["a", "b"])
+    assert fake_sentence_transformers.made[0].calls[0][2] == {"normalize_embeddings": True, "batch_size": 64,
+                                                              "show_progress_bar": False}
+
+
+def test_half_precision_vectors_are_normalised_in_single_precision():
+    # an embed function may hand back float16 vectors (as the store keeps them): unit length to float32 precision
+    emb = SemanticEmbedder(lambda texts: np.array([[3.0, 4.0]] * len(texts), dtype=np.float16), "half", dim=2)
+    out = emb.embed(["a", "b"])
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.float32([[0.6, 0.8], [0.6, 0.8]]))  # float16 would make 0.6001
+
+
+def test_a_query_another_thread_finishes_while_waited_for_is_not_embedded_again():
+    r, enc = semantic_ranker()
+    theirs = np.array([0, 0, 0, 0, 1.0], dtype=np.float32)
+
+    class Finishing(threading.Event):
+        """Their call on "german": it ends, and caches its vector, while this thread waits for it."""
+
+        def wait(self, timeout=None):
+            r.queries.put("german", theirs)
+            self.set()
+            return super().wait(timeout)
+
+    r._inflight["german"] = Finishing()
+    out = r.query_vectors([RankQuery("translation", "german"), RankQuery("translation", "english")])
+    assert out[0].tolist() == theirs.tolist() and int(np.argmax(out[1])) == 1
+    assert enc.calls == [(["english"], 64)]  # only what nobody else was embedding
+    assert isinstance(r._inflight.pop("german"), Finishing) and r._inflight == {}  # theirs to clear, not ours
+
+
+def test_known_ids_asks_in_chunks_within_sqlites_variable_limit(plain_store):
+    ids = [f"org/{i}" for i in range(1200)]
+    known = {ids[0], ids[500], ids[1001], ids[1199]}
+    plain_store.upsert([row(i) for i in sorted(known)])
+    plain_store._r.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 500)  # an SQLite built with a low limit
+    asked = []
+    plain_store._r.set_trace_callback(asked.append)
+    assert plain_store.known_ids(ids) == known
+    assert len([q for q in asked if q.startswith("SELECT id FROM models WHERE id IN")]) == 3  # 500 + 500 + 200
+
+
+def test_a_search_reads_many_candidates_in_chunks_within_sqlites_variable_limit(tmp_path):
+    store = CatalogStore(tmp_path / "many.sqlite", HashEmbedder(32), rescore=2000)
+    ids = [f"org/m{i}" for i in range(1100)]
+    store.upsert([row(i, description="german") for i in ids])
+    store.embed_pending()
+    store.compile_index()
+    store._r.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 500)
+    asked = []
+    store._r.set_trace_callback(asked.append)
+    found = store.search("translation", "german", limit=1100)
+    assert sorted(c.card.id for c in found) == sorted(ids)
+    assert len([q for q in asked if q.startswith("SELECT rowid, id,")]) == 3  # 500 + 500 + 100
+    store.close()
+
+
+def test_rows_searches_read_are_kept_until_there_are_more_than_row_cache(tmp_path, monkeypatch):
+    import hugginggpt.catalog.store as store_mod
+
+    monkeypatch.setattr(store_mod, "ROW_CACHE", 20)
+    store = axis_store(tmp_path, [row(f"org/t{i}", description="german") for i in range(20)]
+                       + [row("s/a", "summarization", description="news"), row("q/a", "question-answering")])
+    asked = []
+    store._r.set_trace_callback(asked.append)
+
+    def reads() -> int:
+        return sum(q.startswith("SELECT rowid, id,") for q in asked)
+
+    store.search("translation", "german", limit=5)  # reads its 20 candidates: the cache holds 20
+    assert reads() == 1
+    store.search("summarization", "news")  # read and kept beside them: 21
+    assert reads() == 2
+    store.search("translation", "german", limit=5)
+    assert reads() == 2  # all from the cache
+    store.search("question-answering", "x")  # more than 20 kept: the cache starts over (with this one)
+    store.search("translation", "german", limit=5)
+    assert reads() == 4
+    store.close()
+
+
+def test_the_exported_graph_has_the_shipped_graphs_inputs_outputs_and_opset(exported):
+    onnx = pytest.importorskip("onnx")
+    folder, cache = exported
+    shipped = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
+
+    def signature(path):
+        model = onnx.load(str(path), load_external_data=False)
+
+        def dims(value):
+            return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+        return ([(o.domain, o.version) for o in model.opset_import], [(i.name, dims(i)) for i in model.graph.input],
+                [(o.name, dims(o)) for o in model.graph.output])
+
+    ours = signature(next(cache.glob("minilm-*.onnx")))
+    assert ours == signature(shipped)
+    assert ours == ([("", 17)], [(name, ["batch", "tokens"]) for name in ("input_ids", "attention_mask",
+                                                                          "token_type_ids")],
+                    [("last_hidden_state", ["batch", "tokens", 384])])
+
+
+def test_a_size_cap_holds_when_fewer_models_than_the_shortlist_fit_it(tmp_path):
+    # more cards than `rescore`: the bit scan shortlists `rescore` of them, and models over the cap were read
+    # (and offered) whenever fewer than that were within it
+    store = axis_store(tmp_path, [row(f"org/big{i}", description="german", size_mb=5000.0) for i in range(8)]
+                       + [row("org/small", description="german", size_mb=10.0), row("org/unknown", description="news")],
+                       rescore=5)
+    found = store.search("translation", "german", limit=10, max_size_mb=100.0)
+    assert [c.card.id for c in found] == ["org/small", "org/unknown"]  # an unknown size is no reason to leave one out
+    assert len(store.search("translation", "german", limit=10)) == 5  # no cap: the shortlist
+    store.close()
+
+
+def test_among_many_candidates_the_first_stage_keeps_the_most_meaningful(tmp_path):
+    # limit 1 reads the 20 best by meaning, popularity and size (of 21): the one that means the request is among them
+    store = axis_store(tmp_path, [row(f"org/en{i}", description="english") for i in range(20)]
+                       + [row("org/de", description="german")])
+    assert [c.card.id for c in store.search("translation", "german", limit=1)] == ["org/de"]
+    store.close()
+
+
+def test_among_many_candidates_the_first_stage_weighs_size_against_the_budget(tmp_path):
+    # with a 1000 MB budget a 900 MB model fits 0.1, one of unknown size 0.5 (without the budget: 0.69 and 0.5)
+    store = axis_store(tmp_path, [row(f"org/m{i}", description="german", size_mb=900.0) for i in range(20)]
+                       + [row("org/unknown-size", description="german")], budget_mb=1000.0)
+    found = store.search("translation", "german", limit=1)
+    assert [c.card.id for c in found] == ["org/unknown-size"]
+    assert found[0].factors.size == 0.5
+    store.close()

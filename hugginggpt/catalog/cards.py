@@ -129,7 +129,7 @@ class Catalog:
         if not path.is_file():
             raise ConfigError(f"model catalog not found: {path} (set `catalog` in the config)")
         cards = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(path.read_bytes().decode().splitlines(), 1):  # UTF-8, whatever the locale
             if not line.strip():
                 continue
             try:

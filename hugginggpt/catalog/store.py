@@ -330,7 +330,8 @@ class CatalogStore:
         """Many new rows at once (ids not in the store yet), with their vectors in row order; one transaction."""
         now = time.time()
         with self.transaction() as w:
-            start = (w.execute("SELECT max(rowid) FROM models").fetchone()[0] or 0) + 1
+            last = w.execute("SELECT max(rowid) FROM models").fetchone()[0]  # pragma: no mutate: SQL ignores case
+            start = (last or 0) + 1
             values = []
             for row in rows:
                 h = row.get("text_hash") or text_hash(card_from_store_row(row))
@@ -340,8 +341,9 @@ class CatalogStore:
                           ((start + i, *v) for i, v in enumerate(values)))
             if vectors is not None:
                 v16 = np.asarray(vectors, dtype=np.float16)
-                w.executemany("INSERT INTO vectors(rowid, text_hash, vec) VALUES (?, ?, ?)",
-                              ((start + i, values[i][-2], v16[i].tobytes()) for i in range(len(values))))
+                w.executemany(
+                    "INSERT INTO vectors(rowid, text_hash, vec) VALUES (?, ?, ?)",  # pragma: no mutate: SQL ignores case
+                    ((start + i, values[i][-2], v16[i].tobytes()) for i in range(len(values))))
             self._bump(r["task"] for r in rows)
 
     def import_curated(self, path: Path) -> int:
@@ -565,27 +567,26 @@ class CatalogStore:
         if index is None:
             return self._keyword_search(task, text, limit, language, max_size_mb, availability, exclude, w)
         q = query_vector if query_vector is not None else self.embedder.embed([f"{task}. {text}"])[0]
-        q = np.asarray(q, dtype=np.float32)
+        q = np.asarray(q, dtype=np.float32)  # pragma: no mutate: another dtype changes only the sums' precision
         n = len(index.rowids)
-        ok = np.ones(n, dtype=bool)
-        if max_size_mb:
-            size = np.asarray(index.size)
-            ok &= ~(size > max_size_mb)
-        idx = np.flatnonzero(ok) if not ok.all() else None
+        # within the size cap (None: no cap); an unknown size (NaN) is no reason to leave a model out
+        ok = ~(np.asarray(index.size) > max_size_mb) if max_size_mb else None
         if n > self.rescore:
             qbits = pack_bits(q[None, :])[0]
-            dist = np.zeros(n, dtype=np.uint16)
+            dist = np.zeros(n, dtype=np.uint16)  # pragma: no mutate: a wider count ranks alike, only slower
             for j, word in enumerate(qbits):  # one contiguous pass per 64-bit word (bits are stored word-major)
                 dist += np.bitwise_count(np.bitwise_xor(index.bits[j], word))
             # cosine ~ 1 - 2 * hamming / dim; the constant is dropped
             approx = np.float32(w.popularity) * index.prior - np.float32(2.0 * w.meaning / q.shape[0]) * dist
-            if idx is not None:
-                approx = np.where(ok, approx, -np.inf)  # over the size cap: never shortlisted
+            if ok is not None:
+                approx = np.where(ok, approx, -np.inf)  # over the size cap: shortlisted last...
             top = np.argpartition(-approx, self.rescore)[:self.rescore]
+            if ok is not None:
+                top = top[ok[top]]  # ...and left out when fewer than `rescore` are within the cap
         else:
-            top = idx if idx is not None else np.arange(n)
+            top = np.arange(n) if ok is None else np.flatnonzero(ok)
         top = np.sort(top)  # sequential reads of the mapped matrix
-        sims = np.asarray(index.vectors[top], dtype=np.float32) @ q
+        sims = index.vectors[top] @ q  # float16 rows times the float32 query: float32
         budget = self.budget_mb or max_size_mb
         static = w.meaning * sims + w.popularity * index.prior[top] + w.size * size_fit(index.size[top], budget)
         keep = min(len(top), max(3 * limit, 20) + len(exclude))
@@ -663,7 +664,8 @@ class CatalogStore:
     def known_downloads(self, task: str, rank: int) -> int | None:
         """The downloads of the `rank`-th most downloaded model known for `task` (None: fewer known)."""
         with self._rlock:
-            row = self._r.execute("SELECT downloads FROM models WHERE task=? ORDER BY downloads DESC LIMIT 1 OFFSET ?",
+            row = self._r.execute("SELECT downloads FROM models WHERE task=? "  # pragma: no mutate: SQL ignores case
+                                  "ORDER BY downloads DESC LIMIT 1 OFFSET ?",  # pragma: no mutate: SQL ignores case
                                   (task, rank - 1)).fetchone()
         return row[0] if row else None
 

