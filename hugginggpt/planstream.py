@@ -21,41 +21,38 @@ class ObjectStream:
 
     def __init__(self):
         self.buffer = ""
-        self.pos = 0
-        self.depth = 0  # 1 = inside the task array
-        self.in_string = False
-        self.escaped = False
-        self.start: int | None = None
-        self.array_depth: int | None = None
-        self.closed = False  # the task array ended: arrays after it (in prose) hold no tasks
+        self.pos = 0  # the next character to read
+        self.quote: int | None = None  # where the JSON string being read opened; None outside strings
+        # None until the task array opens (text before it is skipped); then 1 inside it, 2 inside a task object, ...;
+        # 0 once it has closed: arrays after it (in prose) hold no tasks.
+        self.depth: int | None = None
+        self.start: int | None = None  # where the task object being read begins
 
     def feed(self, piece: str) -> list[str]:
         self.buffer += piece
         found = []
         text = self.buffer
-        while self.pos < len(text) and not self.closed:
+        while self.pos < len(text) and self.depth != 0:
             ch = text[self.pos]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
+            if self.quote is not None:  # inside a string: brackets and quotes in it do not count
+                if ch == "\\":
+                    self.pos += 1  # the escaped character is skipped, even one still to come
                 elif ch == '"':
-                    self.in_string = False
+                    self.quote = None
             elif ch == '"':
-                self.in_string = True
+                self.quote = self.pos
+            elif self.depth is None:
+                if ch == "[":
+                    self.depth = 1  # the task list: `[...]` or `{"tasks": [...]}`
             elif ch in "[{":
                 self.depth += 1
-                if ch == "[" and self.array_depth is None:
-                    self.array_depth = self.depth  # the task list: `[...]` or `{"tasks": [...]}`
-                elif ch == "{" and self.array_depth is not None and self.depth == self.array_depth + 1:
+                if ch == "{" and self.depth == 2:
                     self.start = self.pos
             elif ch in "]}":
-                if ch == "}" and self.start is not None and self.depth == (self.array_depth or 0) + 1:
+                if ch == "}" and self.depth == 2 and self.start is not None:  # not `[` closed by `}`
                     found.append(text[self.start : self.pos + 1])
                     self.start = None
                 self.depth -= 1
-                self.closed = self.array_depth is not None and self.depth < self.array_depth
             self.pos += 1
         return found
 
@@ -103,8 +100,10 @@ class EarlyTasks:
             return None  # repaired, split or renumbered: let the full plan decide
         task = plan.tasks[0]
         refs = task.refs()
-        if task.error or any(r not in self.started for r in refs):
-            return None
+        if task.error:
+            return None  # e.g. a reference to itself or to a task not read yet (`finished` is what started)
+        if any(r not in self.started for r in refs):
+            return None  # its input would not exist yet
         task.dep = refs or [-1]
         return task
 

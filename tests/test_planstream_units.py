@@ -52,6 +52,13 @@ def test_braces_and_quotes_inside_strings_do_not_count():
                                                   '\\" }']
 
 
+@pytest.mark.parametrize("size", [1, 1000])
+def test_an_empty_string_first_is_a_whole_string(size):
+    """The reply's first quoted text may be empty; its closing quote is not an escaped character."""
+    text = 'Answer "" ok: [{"t": "", "id": 0}, {"t": "[", "id": 1}]'
+    assert [json.loads(o)["id"] for o in feed_in_pieces(ObjectStream(), text, size)] == [0, 1]
+
+
 def test_an_unfinished_object_is_not_reported_until_its_brace_closes():
     stream = ObjectStream()
     assert stream.feed('[{"id": 0}, {"id": 1, "args": {"text": "x"}') == ['{"id": 0}']
@@ -71,8 +78,15 @@ def test_arrays_after_the_task_list_hold_no_tasks(size):
     assert [json.loads(o)["id"] for o in feed_in_pieces(ObjectStream(), text, size)] == [0, 1]
 
 
-def test_a_stray_closing_bracket_before_the_plan_changes_nothing():
-    assert [json.loads(o)["id"] for o in ObjectStream().feed('Step 1] and 2}: [{"id": 0}, {"id": 1}]')] == [0, 1]
+@pytest.mark.parametrize("prose", ["Step 1] and 2}: ", "Step 1]: ", "{ note: "])
+def test_a_stray_bracket_before_the_plan_changes_nothing(prose):
+    assert [json.loads(o)["id"] for o in ObjectStream().feed(prose + '[{"id": 0}, {"id": 1}]')] == [0, 1]
+
+
+def test_a_mismatched_bracket_in_the_task_list_is_skipped_not_a_crash():
+    """`[` closed by `}` between tasks (a garbled reply) is not a task; the tasks around it still are."""
+    text = '[[}, {"id": 0}, [}, {"id": 1}]'
+    assert [json.loads(o)["id"] for o in feed_in_pieces(ObjectStream(), text, 1)] == [0, 1]
 
 
 # -- EarlyTasks --------------------------------------------------------------------------------
@@ -107,6 +121,7 @@ def test_final_tasks_start_at_once_with_dependencies_from_their_references():
     {"task": "text-to-image", "id": "1", "args": {"text": "x"}},  # id is not a number
     {"task": "text-to-image", "id": 1.0, "args": {"text": "x"}},
     {"task": "text-to-image", "args": {"text": "x"}},
+    {"id": 1, "args": {"text": "x"}},  # no type at all
     {"task": "text-to-image", "id": -1, "args": {"text": "x"}},
     {"task": "text-to-image", "id": 0, "args": {"text": "again"}},  # a duplicate id
     {"task": "text-to-image", "id": True, "args": {"text": "x"}},  # renumbered by the full plan
@@ -138,6 +153,16 @@ def test_at_most_limit_tasks_start_early(limit, expected):
     early, started = early_run([draw(0), draw(1), draw(2), draw(3)], limit=limit)
     assert [t.id for t in started] == expected
     assert early.stopped == (limit is not None)
+
+
+def test_a_plan_written_with_single_quotes_starts_early_too():
+    """Python-style quotes are read by the tolerant parser; letters in them (here X) are not brackets."""
+    started: list[Task] = []
+    early = EarlyTasks(started.append)
+    early.feed("[{'task': 'text-to-image', 'id': 0, 'args': {'text': 'a Xmas tree'}}, "
+               "{'task': 'image-to-text', 'id': 1, 'args': {'image': '<GENERATED>-0'}}, ")
+    assert [(t.id, t.dep, t.args) for t in started] == [(0, [-1], {"text": "a Xmas tree"}),
+                                                         (1, [0], {"image": "<GENERATED>-0"})]
 
 
 def test_a_task_in_the_prose_after_the_plan_never_starts():
