@@ -144,10 +144,10 @@ def _balanced_span(text: str, start: int) -> str:
             escaped = ch == "\\" and not escaped
             continue
         if ch in "\"'":
-            # An apostrophe inside prose-like values ("it's") is not a quote if the next char is a letter
-            # and the previous one too (i > start: text[start] is the bracket); only treat it as a quote where
-            # JSON syntax can have one.
-            if ch == "'" and text[i - 1].isalnum() and i + 1 < len(text) and text[i + 1].isalnum():
+            # An apostrophe right after a letter or digit ("it's", "the dogs' bowl" in an unquoted value) is not
+            # a quote: JSON syntax opens one only after a bracket, a comma, a colon or a space (i > start:
+            # text[start] is the bracket).
+            if ch == "'" and text[i - 1].isalnum():
                 continue
             quote = ch
         elif ch in pairs:

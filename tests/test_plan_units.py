@@ -167,6 +167,12 @@ def test_an_apostrophe_between_letters_is_not_a_quote():
     assert extract_json("[it's") == ["it's"]
 
 
+def test_a_possessive_apostrophe_in_an_unquoted_value_does_not_swallow_the_prose_after_the_plan():
+    reply = "[{task: text-to-image, id: 0, dep: [-1], args: {text: the dogs' bowl}}] That's the plan: [1, 2]"
+    assert extract_json(reply) == [{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "the dogs' bowl"}}]
+    assert extract_json("[dogs', 1] and [2]") == ["dogs'", 1]
+
+
 def test_an_escaped_quote_does_not_end_a_string():
     assert extract_json('["a\\"]", 1] ["b"]') == ['a"]', 1]
 
@@ -222,6 +228,7 @@ def test_a_list_without_content_is_refused(text):
 def test_lists_with_some_content_are_read():
     assert extract_json("[[], 1}") == [[], 1]
     assert extract_json("[{}, 1}") == [{}, 1]
+    assert extract_json("[{'task': 'x'}}") == [{"task": "x"}]  # repaired: a dict with keys is content
     assert extract_json("[[[1]]}") == [[[1]]]
 
 

@@ -242,6 +242,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("modules", nargs="*", help="module names from pyproject.toml, or 'all'")
     parser.add_argument("--quick", action="store_true", help="the modules CI runs")
+    parser.add_argument("--fast", action="store_true",
+                        help="against the module's in-process *_units.py files only, in .mutmut/<module>-fast/: "
+                             "finds survivors in minutes; the full run can only catch more")
     parser.add_argument("--check", action="store_true", help="exit 1 when a module is below its goal")
     parser.add_argument("--recheck", action="store_true", help="run survivors and untested mutants again")
     parser.add_argument("--restat", action="store_true",
@@ -260,6 +263,14 @@ def main() -> int:
         modules = {n + "-quick": Module(n + "-quick", modules[n].path, modules[n].goal, tuple(tests))
                    for n, tests in quick.items()}
     names = list(modules) if "all" in args.modules or args.quick else list(args.modules)
+    if args.fast:
+        if args.table:
+            parser.error("--fast runs are not the table's figures: leave out --table")
+        modules = {n + "-fast": Module(n + "-fast", modules[n].path, modules[n].goal,
+                                       tuple(t for t in modules[n].tests if t.endswith("_units.py"))
+                                       or modules[n].tests[:1])
+                   for n in names if n in modules}
+        names = [n + "-fast" if n + "-fast" in modules else n for n in names]
     unknown = [n for n in names if n not in modules]
     if unknown:
         print(f"unknown module(s): {', '.join(unknown)}; see --list", file=sys.stderr)
