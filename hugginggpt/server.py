@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 MODES = {"/hugginggpt": "answer", "/tasks": "tasks", "/results": "results"}
 API_ROUTES = (*MODES, "/upload", "/models/search", "/mcp", "/metrics", *OPENAI_ROUTES)
 LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
+# header names, each written once (HTTP compares them without regard to case)
+HOST, AUTHORIZATION, NOSNIFF = "Host", "Authorization", "X-Content-Type-Options"
+RETRY_AFTER, CACHE_CONTROL, NO_BUFFERING = "Retry-After", "Cache-Control", "X-Accel-Buffering"
+# what a page in a browser may send: a request id, and MCP (flask-cors compares both without regard to case)
+CORS_METHODS = ("GET", "POST", "OPTIONS")
+CORS_HEADERS = ("Content-Type", AUTHORIZATION, REQUEST_ID_HEADER, "Mcp-Protocol-Version", "Mcp-Session-Id")
+POST_ONLY = ("POST",)  # the routes that take a body; every other route takes GET (Flask's default) and HEAD
+EVENT_JSON = json.JSONEncoder(ensure_ascii=False, default=str)  # an SSE event: UTF-8 as it is, a Path as its text
 HEARTBEAT_SECONDS = 10.0  # pragma: no mutate: a comment line every 10 s or 11 s; a test cannot wait for it
 WEB_DIR = Path(__file__).resolve().parent / "web"
 
@@ -70,10 +78,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     app.extensions["hugginggpt"] = engine
 
     origins = list(config.cors_origins) or [LOCAL_ORIGINS]
-    # a page may send a request id and speak MCP from the browser; it may read the request id back
-    CORS(app, origins=origins, methods=["GET", "POST", "OPTIONS"], max_age=600,
-         allow_headers=["Content-Type", "Authorization", REQUEST_ID_HEADER, "Mcp-Protocol-Version", "Mcp-Session-Id"],
-         expose_headers=[REQUEST_ID_HEADER])
+    CORS(app, origins=origins, methods=CORS_METHODS, max_age=600, allow_headers=CORS_HEADERS,
+         expose_headers=[REQUEST_ID_HEADER])  # a page may read the request id back
     uploads = UploadStore(public, config.upload_quota_bytes, config.max_image_pixels)
 
     cors_options = get_cors_options(app, {"origins": origins})
@@ -90,24 +96,24 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     # routes are registered by call, not by decorator: mutmut skips decorated functions (docs/TESTING.md)
     def guard() -> None:
         g.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
-        if not config.api_tokens and not host_allowed(request.headers.get("Host"), host_names):
+        if not config.api_tokens and not host_allowed(request.headers.get(HOST), host_names):
             # DNS rebinding: a web page whose name now resolves to this machine is same-origin with it in the
             # browser, so without a token only the names this server is known by are answered
             raise Forbidden(f"this server does not answer to the host name "
-                            f"{host_name(request.headers.get('Host'))[:100]!r}; add it to allowed_hosts in its "
+                            f"{host_name(request.headers.get(HOST))[:100]!r}; add it to allowed_hosts in its "
                             "config (or set api_tokens)")
         if request.method == "OPTIONS" or request.path not in API_ROUTES:
             return
-        origin = request.headers.get("Origin")
+        origin = request.origin
         if origin and not origin_allowed(origin):
             raise Forbidden(f"requests from the web origin {origin[:100]} are not allowed; add it to cors_origins")
-        refused = token_problem(request.headers.get("Authorization"), config.api_tokens)
+        refused = token_problem(request.headers.get(AUTHORIZATION), config.api_tokens)
         if refused is not None:
             raise refused
     app.before_request(guard)
 
     def no_sniff(resp: Response) -> Response:
-        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers[NOSNIFF] = "nosniff"
         resp.headers[REQUEST_ID_HEADER] = g.get("request_id") or request_id_from_header(None)
         route = request.url_rule.rule if request.url_rule is not None else "other"
         metrics.http_requests.labels(route, str(resp.status_code)).inc()
@@ -125,7 +131,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     app.register_error_handler(RequestEntityTooLarge, too_large)
 
     def http_error(exc: HTTPException) -> Response:
-        return error_response(exc.description or exc.name, exc.code or 500, "invalid_request_error")
+        # exc.code is set: Flask answers an HTTPException without one itself, before any handler
+        return error_response(exc.description or exc.name, exc.code, "invalid_request_error")
     app.register_error_handler(HTTPException, http_error)
 
     def unexpected(exc: Exception) -> Response:
@@ -160,7 +167,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
             metrics.rejected.inc()
             refused = busy(config.max_concurrent_requests)  # the words every other door refuses with
             resp = error_response(str(refused), refused.status, refused.kind)
-            resp.headers["Retry-After"] = "1"
+            resp.headers[RETRY_AFTER] = "1"
             return resp
         g.slot = slot = ReleaseWhenAll(slots, "response")
         try:
@@ -216,7 +223,6 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         work.start(run, g.get("slot"), f"req-{chat_request.request_id}")
 
         def generate() -> Iterator[str]:
-            completed = False
             try:
                 yield f": request {chat_request.request_id}\n\n"
                 while True:
@@ -224,23 +230,24 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                         event = events.get(timeout=HEARTBEAT_SECONDS if disconnected is None else 0.5)
                     except queue.Empty:
                         if disconnected is not None and disconnected():
+                            work.cancel()
                             return
                         yield ": keep-alive\n\n"
                         continue
                     if event is None:
-                        completed = True
-                        yield f"event: done\ndata: {json.dumps({'event': 'done', 'request_id': chat_request.request_id})}\n\n"
-                        return
-                    yield f"event: {event['event']}\ndata: {json.dumps(event, ensure_ascii=False, default=str)}\n\n"
-            finally:
-                if not completed:
-                    work.cancel()
+                        break
+                    yield f"event: {event['event']}\ndata: {EVENT_JSON.encode(event)}\n\n"
+            except BaseException:  # the client left (GeneratorExit at a yield), or the stream broke: stop the work
+                work.cancel()
+                raise
+            # the work has ended: a client that leaves now cancels nothing
+            yield f"event: done\ndata: {json.dumps({'event': 'done', 'request_id': chat_request.request_id})}\n\n"
 
         return Response(generate(), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                        headers={CACHE_CONTROL: "no-cache", NO_BUFFERING: "no"})
 
     for path in MODES:
-        app.add_url_rule(path, path, lambda path=path: handle(path), methods=["POST"])
+        app.add_url_rule(path, path, lambda path=path: handle(path), methods=POST_ONLY)
 
     def upload() -> Response:
         """Store an image or audio file under public/uploads/ so requests can name it."""
@@ -248,9 +255,9 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         if file is None:
             raise BadRequest("send the file as multipart form field `file`")
         data = file.read()  # at most max_body_bytes: MAX_CONTENT_LENGTH bounds the whole body
-        path, kind = uploads.store(data, file.filename or "")
+        path, kind = uploads.store(data, file.filename)  # a str: werkzeug files only the parts sent with one
         return jsonify({"path": path, "kind": kind})
-    app.add_url_rule("/upload", view_func=upload, methods=["POST"])
+    app.add_url_rule("/upload", view_func=upload, methods=POST_ONLY)
 
     def health() -> Response:
         """Open to everyone, so it names no endpoint, key or token."""
@@ -262,12 +269,12 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         return jsonify({"status": "degraded" if down else "ok", "down": down, "llm": llm,
                         "inference_mode": config.inference_mode, "models_server": models,
                         "model_ranking": engine.ranking, "auth": "token" if config.api_tokens else "none"})
-    app.add_url_rule("/health", view_func=health, methods=["GET"])
+    app.add_url_rule("/health", view_func=health)
 
     def metrics_text() -> Response:
         """Prometheus text format; behind api_tokens like the API routes."""
         return Response(metrics.exposition(), content_type=METRICS_CONTENT_TYPE)  # with its format version
-    app.add_url_rule("/metrics", view_func=metrics_text, methods=["GET"])
+    app.add_url_rule("/metrics", view_func=metrics_text)
 
     register_openai_routes(app, engine, config, uploads, admitted, read_body, lambda: g.request_id, disconnects)
 
@@ -276,23 +283,23 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         task, q, limit = search_query(request.args.get("task"), request.args.get("q"), request.args.get("limit", "10"),
                                       engine.selector.tasks())
         return jsonify(engine.selector.search(task, q, limit))
-    app.add_url_rule("/models/search", view_func=models_search, methods=["GET"])
+    app.add_url_rule("/models/search", view_func=models_search)
 
     mount_mcp(app, engine, disconnects)  # MCP over streamable HTTP at /mcp, behind `guard` like the routes above
 
     def index() -> Response:
         return send_from_directory(WEB_DIR, "index.html")
-    app.add_url_rule("/", view_func=index, methods=["GET"])
+    app.add_url_rule("/", view_func=index)
 
     def favicon() -> Response:
         return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml", max_age=86400)
-    app.add_url_rule("/favicon.ico", view_func=favicon, methods=["GET"])
+    app.add_url_rule("/favicon.ico", view_func=favicon)
 
     def public_files(filename: str) -> Response:
         if "/" + filename in MODES:
             return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
         return send_public_file(public, filename)
-    app.add_url_rule("/<path:filename>", view_func=public_files, methods=["GET"])
+    app.add_url_rule("/<path:filename>", view_func=public_files)
 
     from .httpbody import BODY_GATE
     app.extensions[BODY_GATE] = body_gate(config, metrics)  # `serve` refuses on the headers what guard would
@@ -343,7 +350,7 @@ def body_gate(config: Config, metrics: Any = None) -> Any:
     def check(method: str, path: str, headers: Any) -> Refusal | None:
         if not tokens or method == "OPTIONS" or path not in API_ROUTES:
             return None
-        refused = token_problem(headers.get("Authorization"), tokens)
+        refused = token_problem(headers.get(AUTHORIZATION), tokens)
         return Refusal(refused.status, str(refused), refused.kind) if refused is not None else None
 
     def render(path: str, refusal: Refusal) -> dict[str, Any]:
@@ -435,7 +442,7 @@ def client_address(addr: Any) -> str | None:
 def open_from(listener: Any, address: str) -> int:
     """How many connections `address` holds on this listener (a scan of its channels: microseconds)."""
     return sum(1 for channel in list(listener.active_channels.values())
-               if client_address(getattr(channel, "addr", None)) == address)
+               if client_address(channel.addr) == address)  # every waitress channel has one (None: not known)
 
 
 def _turn_away(conn: Any) -> None:
@@ -534,7 +541,7 @@ def serve(app: Flask, host: str, port: int, threads: int = 16, ident: str = "hug
                                cleanup_interval=1, channel_timeout=max(1, math.ceil(limits.idle_timeout)),
                                # lookahead: waitress reads on while a request runs, so it sees the client leave
                                channel_request_lookahead=1,
-                               asyncore_use_poll=True)  # pragma: no mutate: select() is the same below 1024 sockets
+                               asyncore_use_poll=True)  # poll(): select() fails once a socket's number passes 1023
     except OSError as exc:
         print(address_problem(host, port, exc, port_option), file=sys.stderr)
         return 2

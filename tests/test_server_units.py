@@ -86,7 +86,7 @@ class Slots:
         self.released = 0
 
     def acquire(self, blocking=True):
-        if blocking:
+        if blocking is not False:  # None is no promise not to wait: an Admission may take it for its default
             raise AssertionError("the request would wait for a slot")
         return False
 
@@ -276,6 +276,16 @@ def test_a_body_that_cannot_be_read_is_a_400_that_says_why(site, data, message):
     assert engine.calls == []
 
 
+def test_a_body_sent_in_chunks_with_no_length_is_read(site):
+    """Transfer-Encoding: chunked (waitress gives the app the whole body, and no Content-Length)."""
+    client, engine, _ = site
+    resp = client.post("/tasks", input_stream=io.BytesIO(json.dumps(ASK).encode()), content_type="application/json",
+                       headers={"Transfer-Encoding": "chunked"}, environ_base={"wsgi.input_terminated": True})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert resp.get_json() == {"message": "ran as tasks"}
+    assert engine.calls[0][0].user_input == "draw a fox"
+
+
 def test_the_body_limit_takes_a_body_of_exactly_max_body_bytes(tmp_path):
     client, engine, _ = build(tmp_path, max_body_bytes=1000)
     body = json.dumps({**ASK, "pad": ""})
@@ -399,6 +409,7 @@ def test_a_streamed_answer_passes_the_pipeline_events_on_as_they_are(site):
 @pytest.mark.parametrize("path, result", [
     ("/hugginggpt", {"text": "no message"}),
     ("/hugginggpt", ["a list"]),
+    ("/hugginggpt", "a message in a string"),
     ("/results", {"message": "a result named message"}),
 ])
 def test_a_stream_ends_with_the_result_when_it_is_not_an_answer_message(site, path, result):
@@ -627,13 +638,13 @@ def test_a_preflight_allows_the_methods_and_headers_a_page_needs(site):
     resp = client.options("/mcp", headers={
         "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type, authorization, x-request-id, mcp-protocol-version, "
-                                          "mcp-session-id"})
+                                          "mcp-session-id, x-other"})
     assert resp.status_code == 200
     assert resp.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
     assert resp.headers["Access-Control-Allow-Methods"] == "GET, OPTIONS, POST"
     assert resp.headers["Access-Control-Max-Age"] == "600"
     assert set(resp.headers["Access-Control-Allow-Headers"].split(", ")) == {
-        "content-type", "authorization", "x-request-id", "mcp-protocol-version", "mcp-session-id"}
+        "content-type", "authorization", "x-request-id", "mcp-protocol-version", "mcp-session-id"}  # not x-other
 
 
 @pytest.mark.parametrize("sent, echoed", [("client-id.1", True), ("bad id!", False), (None, False)])
@@ -748,6 +759,19 @@ def test_the_page_its_icon_and_public_files_are_served_and_nothing_outside(site,
         assert error(resp)["message"] == "no such file"
 
 
+def test_the_icon_is_svg_whatever_the_system_s_table_of_types_says(site, monkeypatch):
+    """Some systems map .svg to another type (a Windows registry, an old /etc/mime.types): a browser would
+    not draw the icon."""
+    import mimetypes
+
+    guess = mimetypes.guess_type
+    monkeypatch.setattr(mimetypes, "guess_type", lambda name, strict=True: (
+        ("text/plain", None) if str(name).endswith(".svg") else guess(name, strict)))
+    client, _, _ = site
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.mimetype == "image/svg+xml"
+
+
 def test_mcp_is_served_in_the_app(site):
     client, engine, _ = site
     resp = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
@@ -770,6 +794,15 @@ def test_the_app_names_its_engine_and_its_body_gate(tmp_path):
     assert app.extensions["hugginggpt"] is engine  # for an application that embeds the server
     gate = gate_of(app)
     assert gate is app.extensions[BODY_GATE] and gate.max_body_bytes == 1234
+
+
+def test_an_app_given_only_its_config_makes_its_own_engine_of_it(tmp_path):
+    config = configured(tmp_path)
+    app = create_app(config)
+    engine = app.extensions["hugginggpt"]
+    assert isinstance(engine, HuggingGPT) and engine.config is config
+    found = app.test_client().get("/models/search?task=image-classification&q=resnet&limit=1")
+    assert [m["id"] for m in found.get_json()] == ["microsoft/resnet-50"]  # its catalog, from the config
 
 
 # -- token_problem and the body gate (what waitress refuses before it reads a body) ------------------------------
@@ -1013,8 +1046,14 @@ class Limits:
         import resource
 
         self.soft, self.hard, self.fails, self.set = soft, hard, fails, []
-        monkeypatch.setattr(resource, "getrlimit", lambda which: (self.soft, self.hard))
+        monkeypatch.setattr(resource, "getrlimit", self.getrlimit)
         monkeypatch.setattr(resource, "setrlimit", self.setrlimit)
+
+    def getrlimit(self, which):
+        import resource
+
+        assert which == resource.RLIMIT_NOFILE  # the limit of open files, not another one
+        return self.soft, self.hard
 
     def setrlimit(self, which, limits):
         import resource
@@ -1043,6 +1082,10 @@ def test_the_file_limit_is_raised_for_the_connections_wanted(monkeypatch):
         limits = Limits(monkeypatch, soft, hard)
         assert _raise_file_limit(wanted) == fits, (soft, hard, wanted)
         assert limits.set == raised, (soft, hard, wanted)
+
+
+def test_the_file_limit_of_this_process_leaves_a_few_connections_alone():
+    assert _raise_file_limit(16) == 16  # the real limits: every system allows 272 open files
 
 
 @pytest.mark.parametrize("fails", [ValueError("not allowed"), OSError(errno.EPERM, "not permitted")])
@@ -1087,6 +1130,41 @@ def test_serve_says_so_when_the_port_is_taken_and_when_files_run_short(tmp_path,
             "config)"]
     finally:
         taken.close()
+
+
+def test_serve_runs_waitress_with_the_settings_it_was_given(tmp_path, monkeypatch):
+    """16 request threads and `Server: hugginggpt` unless told otherwise; the connection limit that fits the
+    file limit; poll(), not select() (which fails once a socket's number passes 1023, and 1000 connections pass
+    it); the slow-client sweep once a second; an idle connection closed after idle_timeout in whole seconds (at
+    least 1); and waitress reading on while a request runs, so that it sees a client leave."""
+    import waitress
+
+    _, _, app = build(tmp_path)
+    made: list = []
+    create = waitress.create_server
+
+    def creating(*args, **kwargs):
+        server = create(*args, **kwargs)
+        made.append(server)
+        server.run = lambda: (_ for _ in ()).throw(KeyboardInterrupt)  # Ctrl-C at once: serve returns 0
+        return server
+
+    monkeypatch.setattr(waitress, "create_server", creating)
+    Limits(monkeypatch, 4096, 4096)
+    try:
+        assert serve(app, "127.0.0.1", 0) == 0
+        assert serve(app, "127.0.0.1", 0, threads=3, ident="hg-x",
+                     limits=HttpLimits(connection_limit=50, idle_timeout=0.2)) == 0
+        assert serve(app, "127.0.0.1", 0, limits=HttpLimits(idle_timeout=2.5)) == 0
+    finally:
+        for server in made:
+            server.close()
+            server.task_dispatcher.shutdown(timeout=1)
+    settings = [(s.adj.threads, s.adj.ident, s.adj.connection_limit, s.adj.channel_timeout, s.adj.cleanup_interval,
+                 s.adj.channel_request_lookahead, s.adj.asyncore_use_poll, s.effective_host) for s in made]
+    assert settings == [(16, "hugginggpt", 1000, 60, 1, 1, True, "127.0.0.1"),
+                        (3, "hg-x", 50, 1, 1, 1, True, "127.0.0.1"),
+                        (16, "hugginggpt", 1000, 3, 1, 1, True, "127.0.0.1")]
 
 
 def raw(port: int, data: bytes = b"", source: str = "127.0.0.1") -> socket.socket:
