@@ -35,15 +35,15 @@ class Choice(Future):
     def __init__(self) -> None:
         super().__init__()
         self._claim = threading.Lock()
-        self._claimed = False
+        self._claims = 0  # calls to settle or fail so far: only the first one counts
         self.ranked = threading.Event()  # the ranking has answered: `provisional` is set, or the choice is final
         self.provisional: Selection | None = None  # the ranking's pick while the LLM is asked (auto only)
 
     def _first(self) -> bool:
         """True for the one caller that settles the choice; False for everyone after it."""
         with self._claim:
-            claimed, self._claimed = self._claimed, True
-        return not claimed
+            self._claims += 1
+            return self._claims == 1
 
     def settle(self, state: RequestState, task: Task, selection: Selection) -> bool:
         """Make `selection` the choice, unless it was made already; True when it was this call that made it.
@@ -157,21 +157,23 @@ def decisions(state: RequestState, plan: Plan) -> dict[str, Any]:
     raw: dict[str, Any] = {}
     unavailable = 0
     for task in plan.tasks:
-        if task.error:
-            sel = Selection(task.id, task.task, None, None, "", error=task.error)
+        if task.error:  # never selected: the planned task cannot run (its error says why)
+            model_id, hosted_on, why, available, chosen = None, None, task.error, {}, ""
         else:
             sel = state.selection_of(task, timeout=max(0.1, state.deadline - time.monotonic()))
-        if sel.model_id is None:
+            model_id, hosted_on, available, chosen = sel.model_id, sel.hosted_on, sel.available, sel.choose()
+            why = sel.reason if model_id else sel.error
+        if model_id is None:
             unavailable += 1
         selections[str(task.id)] = {
             "task": task.task,
-            "selected_model": sel.model_id,
-            "hosted_on": sel.hosted_on,
-            "reason": sel.reason if sel.model_id else sel.error,
-            "status": "selected_not_executed" if sel.model_id else "unavailable",
-            "available_candidates": sel.available,
+            "selected_model": model_id,
+            "hosted_on": hosted_on,
+            "reason": why,
+            "status": "selected_not_executed" if model_id else "unavailable",
+            "available_candidates": available,
         }
-        raw[str(task.id)] = collect_result(task, sel.choose(), {} if sel.model_id else {"error": {"message": sel.error}})
+        raw[str(task.id)] = collect_result(task, chosen, {} if model_id else {"error": {"message": why}})
     return {
         "decisions": {
             "input": state.request.user_input,
