@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import ipaddress
+import itertools
 import math
 import re
 import socket
@@ -161,8 +162,7 @@ class UrlPolicy:
             if not entry:
                 continue
             try:
-                networks.append(ipaddress.ip_network(
-                    entry.strip("[]"), strict=False))  # pragma: no mutate: strict=None is falsy too; an address holds no X
+                networks.append(ipaddress.ip_interface(entry.strip("[]")).network)  # host bits dropped: a /24 of .7 is .0/24
             except ValueError:
                 hosts.add(_canonical_host(entry))
         return cls(frozenset(hosts), tuple(networks), resolver or system_resolver)
@@ -250,8 +250,9 @@ def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: s
                 continue
             if resp.status >= 400:
                 raise ResourceError(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}")
+            content_type = resp.headers.get("Content-Type")  # pragma: no mutate: header names are case-insensitive
             return Fetched(_read_limited(resp, target.url, max_bytes, deadline, timeout),
-                           (resp.headers.get("Content-Type") or "").split(";")[0].strip(), target.url)
+                           (content_type or "").split(";")[0].strip(), target.url)
         finally:
             resp.release_conn()
             if isinstance(pool, urllib3.PoolManager):  # the proxy's manager: it has no close()
@@ -407,12 +408,11 @@ class _Watchdog:
         self._heap: list[tuple[float, int, _Watch]] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._count = 0  # pragma: no mutate: a tie-breaker between equal deadlines: only its order matters
+        self._order = itertools.count()  # a tie-breaker between equal deadlines (a _Watch has no order)
 
     def add(self, watch: _Watch) -> None:
         with self._cond:
-            self._count += 1
-            heapq.heappush(self._heap, (watch.deadline, self._count, watch))
+            heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="deadline-watchdog", daemon=True)
                 self._thread.start()

@@ -288,6 +288,14 @@ def test_from_entries_host_names_keep_every_letter():
     assert UrlPolicy.from_entries(["XBOX", "[Intranet]"]).allow_hosts == frozenset({"xbox", "intranet"})
 
 
+def test_from_entries_a_network_is_the_whole_entry_not_an_address_inside_it():
+    policy = UrlPolicy.from_entries(["X10.0.0.1", "Xfd00::/8X"], resolver=resolver_of({"inside.test": ["10.0.0.1"]}))
+    assert policy.allow_networks == ()
+    assert policy.allow_hosts == frozenset({"x10.0.0.1", "xfd00::/8x"})
+    with pytest.raises(URLRefused, match="private address 10.0.0.1"):
+        policy.check("http://inside.test/")
+
+
 def test_from_entries_accepts_non_string_entries():
     policy = UrlPolicy.from_entries([ipaddress.ip_network("10.0.0.0/8")])
     assert policy.allow_networks == (ipaddress.ip_network("10.0.0.0/8"),)
@@ -400,7 +408,7 @@ class Handler(BaseHTTPRequestHandler):
             path = "/" + path.split("/", 3)[3]
             if path == "/to-internal":
                 return self.send(302, b"", {"Location": "http://internal.test/secret"})
-            if path not in ("/dribble", "/stall", "/paced"):
+            if path not in ("/dribble", "/stall", "/paced") and not path.startswith("/redirect/"):
                 return self.send(200, b"via proxy", {"Content-Type": "text/plain"})
         name, _, arg = path.strip("/").partition("/")
         if name == "ok":
@@ -747,6 +755,48 @@ def test_fetch_timeout_message_rounds_to_seconds(web):
         fetch(f"http://slow.test:{web.port}/ok", UrlPolicy.from_entries(["127.0.0.1"], resolver=slow), 1000, 0.04)
 
 
+@pytest.fixture
+def frozen_clock(monkeypatch, late_watchdog):
+    """urlpolicy's clock (its `time` only) stands still at 1000.0 until the test moves it."""
+    clock = SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(urlpolicy, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    return clock
+
+
+def test_fetch_a_lookup_that_takes_the_whole_timeout_leaves_no_time_to_connect(web, frozen_clock):
+    def slow(host: str, port: int) -> list[str]:
+        frozen_clock.now += 0.5  # the answer comes at the deadline exactly
+        return ["127.0.0.1"]
+
+    url = f"http://slow.test:{web.port}/ok"
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, UrlPolicy.from_entries(["127.0.0.1"], resolver=slow), 1000, 0.5)
+    assert str(caught.value) == f"fetching {url!r} took longer than 0s"
+    assert web.seen == []
+
+
+@pytest.fixture
+def connect_waits(monkeypatch):
+    """How long each new connection's connect was allowed to wait."""
+    waits = []
+    real = urllib3.util.connection.create_connection
+
+    def spy(address, timeout, *args, **kwargs):
+        waits.append(timeout)
+        return real(address, timeout, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", spy)
+    return waits
+
+
+def test_fetch_waits_at_most_10s_for_a_connect_however_long_the_fetch_may_take(web, connect_waits):
+    assert fetch(f"http://127.0.0.1:{web.port}/ok", LOOPBACK, 1000, 60).data == b"hello"
+    assert connect_waits == [10.0]
+    connect_waits.clear()
+    assert fetch(f"http://127.0.0.1:{web.port}/ok", LOOPBACK, 1000, 3).data == b"hello"
+    assert len(connect_waits) == 1 and 2.5 < connect_waits[0] <= 3  # less time left: no more than that
+
+
 def test_fetch_through_a_proxy_checks_the_name_and_lets_the_proxy_connect(web):
     policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"])
     got = fetch("http://public.test/x?y=1", policy, 1000, 5, proxy=f"http://127.0.0.1:{web.port}")
@@ -765,6 +815,15 @@ def test_fetch_through_a_proxy_checks_each_redirect_hop(web):
     with pytest.raises(URLRefused, match="internal.test resolves to private address 10.1.1.1"):
         fetch("http://public.test/to-internal", policy, 1000, 5, proxy=f"http://127.0.0.1:{web.port}")
     assert [s["path"] for s in web.seen] == ["http://public.test/to-internal"]
+
+
+def test_fetch_through_a_proxy_a_redirect_to_an_invalid_url_is_an_error_of_the_fetch(web):
+    policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"])
+    url = "http://public.test/redirect/302?to=http://[::1/x"
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, policy, 1000, 5, proxy=f"http://127.0.0.1:{web.port}")
+    assert str(caught.value) == f"fetching {url!r} failed: it redirects to an invalid URL"
+    assert len(web.seen) == 1
 
 
 def test_fetch_a_proxy_that_is_not_there(web):
@@ -1242,6 +1301,26 @@ def test_deadline_stream_past_the_deadline_times_out_at_once(call, error):
 @pytest.mark.parametrize("call, error", [
     (lambda s: s.read(10, 5.0), httpcore2.ReadTimeout),
     (lambda s: s.write(b"x", 5.0), httpcore2.WriteTimeout),
+    (lambda s: s.start_tls(None, "h", 5.0), httpcore2.ConnectTimeout),
+])
+def test_deadline_stream_at_the_deadline_exactly_times_out_at_once(call, error, frozen_clock):
+    inner = FakeStream()
+    with deadline_scope(frozen_clock.now), pytest.raises(error) as caught:
+        call(_DeadlineStream(inner))
+    assert type(caught.value) is error and str(caught.value) == "the request's deadline passed"
+    assert inner.calls == []
+
+
+def test_deadline_backend_at_the_deadline_exactly_does_not_connect(frozen_clock):
+    inner = FakeBackend()
+    with deadline_scope(frozen_clock.now), pytest.raises(httpcore2.ConnectTimeout, match="deadline passed"):
+        DeadlineBackend(inner).connect_tcp("example.com", 443, 30.0)
+    assert inner.calls == []
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda s: s.read(10, 5.0), httpcore2.ReadTimeout),
+    (lambda s: s.write(b"x", 5.0), httpcore2.WriteTimeout),
 ])
 def test_deadline_stream_of_a_cancelled_request_stops_at_once(call, error):
     token = cancel.CancelToken()
@@ -1422,3 +1501,43 @@ def test_bound_by_deadlines_leaves_other_transports_alone():
     assert bound_by_deadlines(plain) is plain
     odd = type("T", (), {"_pool": object()})()
     assert bound_by_deadlines(odd) is odd
+
+
+# -- a thread that never entered a deadline scope (a worker of a client, no request around it) ------------------
+
+
+def in_fresh_thread(fn):
+    """What `fn` returns, run in a new thread: its `deadline_scope` state was never set."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # handed to the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_watched_pool_works_in_a_thread_that_never_had_a_deadline_scope(web):
+    pool = WatchedHTTPConnectionPool("127.0.0.1", web.port, timeout=5, retries=False, maxsize=1)
+    assert in_fresh_thread(lambda: [pool.urlopen("GET", "/ok").data for _ in range(2)]) == [b"hello", b"hello"]
+    assert web.connections == 1  # the connection went back to the pool and served the second request
+    pool.close()
+
+
+def test_watched_adapter_works_in_a_thread_that_never_had_a_deadline_scope(web):
+    session = requests.Session()
+    session.mount("http://", watched_adapter())
+    assert in_fresh_thread(lambda: session.get(f"http://127.0.0.1:{web.port}/ok", timeout=5).text) == "hello"
+    session.close()
+
+
+def test_bound_httpx_client_works_in_a_thread_that_never_had_a_deadline_scope(web):
+    with httpx2.Client(transport=bound_by_deadlines(httpx2.HTTPTransport()), timeout=5) as client:
+        assert in_fresh_thread(lambda: client.get(f"http://127.0.0.1:{web.port}/ok").text) == "hello"
