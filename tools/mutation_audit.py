@@ -69,7 +69,10 @@ def settings() -> tuple[dict, dict[str, Module], dict[str, list[str]]]:
     audit = data["tool"]["mutation-audit"]
     modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]))
                for name, m in audit["modules"].items()}
-    return data["tool"]["mutmut"], modules, dict(audit.get("quick", {}))
+    quick = dict(audit.get("quick", {}))
+    base = dict(data["tool"]["mutmut"])
+    base["quick_timeout_constant"] = audit.get("quick_timeout_constant", base.get("timeout_constant"))
+    return base, modules, quick
 
 
 def tree_files() -> list[str]:
@@ -264,7 +267,9 @@ def main() -> int:
         for m in modules.values():
             print(f"{m.name:20} {m.goal:.0%}  {m.path}  <- {' '.join(m.tests)}")
         return 0
+    quick_constant = base.pop("quick_timeout_constant")
     if args.quick:  # each quick module in its own folder (.mutmut/<name>-quick), against its fast tests only
+        base = dict(base, timeout_constant=quick_constant)
         modules = {n + "-quick": Module(n + "-quick", modules[n].path, modules[n].goal, tuple(tests))
                    for n, tests in quick.items()}
     names = list(modules) if "all" in args.modules or args.quick else list(args.modules)
