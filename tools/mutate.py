@@ -249,7 +249,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "",
              ("tests/test_catalog_store.py::test_the_health_penalty_fades_with_time",)),
     Mutation("bit-scan-not-rescored", "hugginggpt/catalog/store.py",
-             "        sims = np.asarray(index.vectors[top], dtype=np.float32) @ q",
+             "        sims = index.vectors[top] @ q  # float16 rows times the float32 query: float32",
              "        sims = 1.0 - 2.0 * np.bitwise_count(np.bitwise_xor(index.bits[:, top].T, pack_bits(q[None, :])[0]))"
              ".sum(axis=1) / q.shape[0]",
              ("tests/test_catalog_store.py::test_the_bit_scan_then_exact_rescoring_finds_what_brute_force_finds",)),
@@ -349,10 +349,6 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            self.health.record(model_id, not failed, seconds,",
              "            (lambda *a: None)(model_id, not failed, seconds,",
              ("tests/test_hub_end_to_end.py",)),
-    Mutation("replan-retries-failed-models", "hugginggpt/choose.py",
-             "        failed = frozenset(state.failed_models)",
-             "        failed = frozenset()",
-             ("tests/test_replan.py",)),
     Mutation("streamed-llm-pieces-dropped", "hugginggpt/llm.py",
              "                    chunks.append(piece)\n                    _deliver(on_token, piece)",
              "                    _deliver(on_token, piece)",
@@ -885,29 +881,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              '            if isinstance(value, str) and value.startswith("/") \\',
              ("tests/test_front_doors.py::test_only_the_files_tasks_generated_are_handed_back",)),
     # -- issue 16, round 3: the LLM's choice off the critical path; the models server client on urllib3 ----------
-    Mutation("auto-asks-the-llm-for-ready-tasks", "hugginggpt/choose.py",
-             "            if not waits and inputs_ready(state, task):",
-             "            if False:",
-             ("tests/test_choice_off_critical_path.py",)),
     Mutation("ready-task-waits-for-the-llm", "hugginggpt/choose.py",
              "                if not waits:\n                    choice.offer(sel)",
              "                if False:\n                    choice.offer(sel)",
-             ("tests/test_choice_off_critical_path.py",)),
-    Mutation("ready-task-inputs-ignored", "hugginggpt/choose.py",
-             "        return all(d in state.results for d in deps)",
-             "        return True",
-             ("tests/test_choice_off_critical_path.py",)),
-    Mutation("llm-mode-does-not-wait", "hugginggpt/choose.py",
-             '            waits = selector.choose == "llm" or not state.executes',
-             "            waits = not state.executes",
-             ("tests/test_choice_off_critical_path.py",)),
-    Mutation("decisions-do-not-wait-for-the-llm", "hugginggpt/choose.py",
-             '            waits = selector.choose == "llm" or not state.executes',
-             '            waits = selector.choose == "llm"',
-             ("tests/test_selection.py",)),
-    Mutation("ranking-pick-taken-without-the-ranking", "hugginggpt/choose.py",
-             "        if self.done() or not self.ranked.wait(timeout):",
-             "        if self.done():",
              ("tests/test_choice_off_critical_path.py",)),
     Mutation("models-server-refused-reads-as-timeout", "hugginggpt/backends/local.py",
              "            except urllib3.exceptions.NewConnectionError:",
@@ -950,18 +926,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):\n        return \"ReadTimeout\"\n",
              "",
              ("tests/test_two_machines.py::test_a_copy_cut_at_its_deadline_says_it_was_slow_and_errors_keep_requests_names",)),
-    Mutation("choice-wait-unbounded", "hugginggpt/choose.py",
-             "    return state.selection_of(task, timeout=max(0.0, state.deadline - time.monotonic()), choice=choice)",
-             "    return state.selection_of(task, timeout=None, choice=choice)",
-             ("tests/test_choice_off_critical_path.py::test_a_choice_never_made_ends_at_the_requests_deadline",)),
     Mutation("choice-deadline-message-lost", "hugginggpt/request.py",
              "        except FutureTimeout:\n",
              "        except ZeroDivisionError:\n",
              ("tests/test_choice_off_critical_path.py::test_a_choice_never_made_ends_at_the_requests_deadline",)),
-    Mutation("choice-settled-twice", "hugginggpt/choose.py",
-             "        return not claimed\n",
-             "        return True\n",
-             ("tests/test_choice_off_critical_path.py",)),
     Mutation("store-reason-against-no-one", "hugginggpt/catalog/store.py",
              "versus=(ranked[i + 1][1] if i + 1 < len(ranked) else None, w)",
              "versus=(None, w)",
@@ -1181,9 +1149,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 QUICK: tuple[str, ...] = (
     "ipv6-site-local-allowed",  # urlpolicy.py
     "fetch-size-limit-only-from-content-length",  # urlpolicy.py (fetching)
-    "streamed-task-waits-on-a-failed-dependency",  # scheduler.py
     "fallback-goes-on-after-cancel",  # execute.py
-    "missing-reference-guessed-among-several",  # plan.py
     "invalid-llm-choice-takes-last",  # select.py
     "ready-task-waits-for-the-llm",  # choose.py
     "slot-leaks-on-a-bad-request",  # server.py
