@@ -28,7 +28,7 @@ from hugginggpt.catalog import KeywordRanker
 from hugginggpt.chat import HuggingGPT
 from hugginggpt.config import load_config
 from hugginggpt.errors import BackendError
-from hugginggpt.mcp.tools import INSTRUCTIONS, Tools, build_server
+from hugginggpt.mcp.tools import INSTRUCTIONS, HuggingGPTServer, Tools, build_server
 from tests.conftest import make_public, wait_until, write_config
 
 VIT = "google/vit-base-patch16-224"
@@ -293,6 +293,18 @@ def test_an_upload_is_held_to_the_servers_limits(limits, message, tmp_path, site
     assert uploads(site) == []
 
 
+@pytest.mark.parametrize("space", ["", " \n"])
+def test_a_data_uri_is_judged_by_its_bytes_never_by_a_file_name_written_into_it(space, tmp_path, site):
+    """A data URI has no file name: an MP3 without magic bytes is refused even when its text ends in `/x.mp3`
+    (base64 decoding skips the stray `.`, so the rest only adds a few bytes the MP3 reader ignores)."""
+    sound = mp3()
+    sound += b"\0" * (-len(sound) % 3)  # no `=` padding before the tail
+    uri = space + data_uri("audio/mpeg", sound) + "AAA/voice.mp3"
+    result = call(build_server(site_engine(tmp_path, site)), "plan", {"text": "transcribe", "audio": uri})
+    assert said(result, "plan").startswith("unsupported file type application/octet-stream; ")
+    assert uploads(site) == []
+
+
 class Web(BaseHTTPRequestHandler):
     """Files on a loopback web server; as a proxy (an absolute URL asked), it serves its own picture instead."""
 
@@ -329,16 +341,18 @@ def web():
     server.shutdown()
 
 
-def test_a_url_is_fetched_under_the_url_policy_and_kept_by_its_file_name(tmp_path, site, llm, web):
-    """The name in the URL's path (its query string left out) tells an MP3 without magic bytes."""
+@pytest.mark.parametrize(("path", "space"), [("/clips/voice.mp3?sig=a?b", ""), ("/clips/voice.mp3", " \n")])
+def test_a_url_is_fetched_under_the_url_policy_and_kept_by_its_file_name(path, space, tmp_path, site, llm, web):
+    """The name in the URL's path (its query string and the spaces around the URL left out) tells an MP3
+    without magic bytes."""
     engine = make_engine(tmp_path, llm.base_url, "http://127.0.0.1:9", site, url_allowlist=["127.0.0.1"])
-    url = f"http://127.0.0.1:{web.server_port}/clips/voice.mp3?sig=a?b"
+    url = f"{space}http://127.0.0.1:{web.server_port}{path}{space}"
     result = call(build_server(engine), "plan", {"text": "transcribe", "audio": url})
     assert not result.is_error, text_of(result)
     [kept] = uploads(site)
     assert kept.read_bytes() == mp3() and kept.suffix == ".mp3"
     assert f"transcribe\nAudio: /uploads/{kept.name}" in planner_prompt(llm)
-    assert web.seen == ["/clips/voice.mp3?sig=a?b"]
+    assert web.seen == [path]
 
 
 def test_a_url_the_policy_refuses_is_never_fetched(tmp_path, site, llm, web):
@@ -606,6 +620,19 @@ def test_search_models_refuses_a_bad_query_with_the_reason(args, message, engine
 def test_arguments_a_tool_cannot_take_are_refused_in_one_line_naming_each(tool, args, message, engine, llm):
     assert error_of(call(build_server(engine), tool, args)) == message
     assert llm.requests == []
+
+
+def test_an_error_inside_an_argument_names_its_place_in_it():
+    """For a tool whose argument holds more than one value (none of the four does yet)."""
+    server = HuggingGPTServer("t")
+
+    @server.tool(name="resize")
+    def resize(size: list[int]) -> str:
+        return f"{size}"
+
+    assert error_of(call(server, "resize", {"size": [64, "wide"]})) == (
+        "Error executing tool resize: `size.1`: Input should be a valid integer, unable to parse string as an integer")
+    assert not call(server, "resize", {"size": [64, 48]}).is_error
 
 
 @pytest.mark.parametrize(("tool", "args", "breaks"), [

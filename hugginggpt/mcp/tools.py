@@ -74,11 +74,15 @@ class Tools:
         """An input image or audio (URL fetched under the URL policy, data URI, or public/ path) as a path
         under public/ that the plan can name; what is not already there is checked and kept like an upload."""
         c = self.config
+        value = value.strip()  # as `resolve` reads it
         res = resolve(value, self.public, c.max_fetch_bytes, c.fetch_timeout, c.proxy, self.engine.url_policy)
         if res.public_path:
             path, got = res.public_path, res.mime.split("/")[0]
         else:
-            name = Path(value.split("?")[0]).name if not value.startswith("data:") else ""
+            # the file name at the end of a URL's path tells what has no magic bytes (an MP3); a data URI has none
+            name = (Path(value.split("?")[0]).name if not value.startswith("data:")
+                    else ""  # pragma: no mutate: any other name without an extension guesses nothing either
+                    )  # (a marker inside the brackets holds for its own line; after them, for the statement's first)
             path, got = self.uploads.store(res.data, name)
         if got != kind:
             raise BadRequest(f"`{kind}` must be {'an image' if kind == 'image' else 'audio'}; got {res.mime}")
@@ -119,9 +123,8 @@ class Tools:
     def hugginggpt(self, text: str, image: str | None = None, audio: str | None = None) -> CallToolResult:
         request = self.request(text, image, audio)
         holder: dict[str, RequestState] = {}
-        with self.admitted():
-            answer = self.engine.run(request, "answer",
-                                     state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
+        with self.admitted():  # the whole pipeline: run's default mode, "answer"
+            answer = self.engine.run(request, state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
         state = holder["state"]  # handed over before anything runs
         with state.lock:
             results = {tid: state.results[tid] for tid in sorted(state.results)}
@@ -144,7 +147,7 @@ class Tools:
                   audio: str | None = None) -> CallToolResult:
         """One task on a named model, run the way a plan's task runs (the same executor, URL policy, deadline,
         allowed/denied models), on the first configured backend that has the model."""
-        args = {k: v for k, v in (("text", text), ("image", image), ("audio", audio)) if v is not None}
+        args = {k: v for k, v in dict(text=text, image=image, audio=audio).items() if v is not None}
         if not args:
             raise BadRequest("give the model its input: `text`, `image` or `audio`")
         if any("<GENERATED>" in v.upper() for v in args.values()):
@@ -232,8 +235,8 @@ class HuggingGPTServer(MCPServer):
             cause = exc.__cause__
             if not isinstance(cause, ValidationError):
                 raise
-            problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc']) or 'arguments'}`: {e['msg']}"
-                                 for e in cause.errors())
+            # the arguments are always an object, so each error's place starts with the argument's name
+            problems = "; ".join(f"`{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" for e in cause.errors())
             raise ToolError(f"Error executing tool {name}: {one_line(problems)}") from cause
 
 
