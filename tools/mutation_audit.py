@@ -3,7 +3,7 @@
     python tools/mutation_audit.py access            # mutate hugginggpt/access.py; resumes where it stopped
     python tools/mutation_audit.py access --recheck  # run the survivors again (after adding tests)
     python tools/mutation_audit.py --quick --check   # what CI runs: the `quick` modules, exit 1 below goal
-    python tools/mutation_audit.py --table           # print the score table from what has been run
+    python tools/mutation_audit.py --table           # the score table from what has been run, into docs/TESTING.md
     python tools/mutation_audit.py access --survivors  # each survivor's diff
 
 Modules, their covering test files and goals are in pyproject.toml ([tool.mutation-audit.modules]); mutmut's
@@ -257,7 +257,8 @@ def main() -> int:
     parser.add_argument("--recheck", action="store_true", help="run survivors and untested mutants again")
     parser.add_argument("--restat", action="store_true",
                         help="find again which tests reach which function (after adding tests or changing the harness)")
-    parser.add_argument("--table", action="store_true", help="print the table; with modules, update docs/TESTING.md")
+    parser.add_argument("--table", action="store_true",
+                        help="update docs/TESTING.md's table (after running the named modules, if any)")
     parser.add_argument("--survivors", action="store_true", help="show the diff of each survivor")
     parser.add_argument("--list", action="store_true", help="the modules, their tests and goals")
     parser.add_argument("--max-children", type=int, help="mutants run at once (mutmut's default: every core)")
@@ -290,6 +291,8 @@ def main() -> int:
             survivors(modules[n])
         return 0
     if not names:
+        if args.table:  # from what has been run here (and the rows recorded for the rest)
+            write_table(modules)
         print(table(modules))
         return 0
     failed = []
