@@ -22,6 +22,7 @@ from .catalog.store import CatalogStore
 from .checks import CachedCheck, llm_problem
 from .choose import decisions, start_selection
 from .config import Config
+from .errors import DeadlineExceeded
 from .execute import Executor, Round
 from .llm import ClientCache, LLMClient, with_overrides
 from .metrics import Metrics, catalog_knows
@@ -255,6 +256,8 @@ class HuggingGPT:
     def recover(self, state: RequestState, plan: Plan) -> None:
         """Replan the remaining work when tasks failed on every model (at most max_replans times)."""
         while self.replanner.allowed(state) and not state.cancelled.is_set():
+            if time.monotonic() >= state.deadline:
+                return  # the deadline is total: what finished is the answer, a new plan could not run
             with state.lock:
                 results = dict(state.results)
             failures = failed_for_good(plan, results)
@@ -263,9 +266,12 @@ class HuggingGPT:
             state.replan_attempts += 1
             finished = frozenset(t for t, r in results.items() if "error" not in r["inference result"])
             reason = "; ".join(failures)
-            new = self.replanner.ask(state, state.planner_messages, state.plan_reply,
-                                     f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
-                                     finished, max(results) + 1, self.planner.chat_kwargs())
+            try:
+                new = self.replanner.ask(state, state.planner_messages, state.plan_reply,
+                                         f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
+                                         finished, max(results) + 1, self.planner.chat_kwargs())
+            except DeadlineExceeded:
+                return  # the deadline came while the LLM replanned: answer with what finished, not a 504
             if new is None or invalid_tasks(new) or len(new.tasks) > self.config.max_tasks:
                 return
             for task in new.tasks:

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # round's tasks still run at most max_workers at once); mutmut leaves module-level constants alone
 MIN_TASK_THREADS = 32
 
+# JSON with non-ASCII text as it is (json.dumps(..., ensure_ascii=False)), for prompts and references
+JSON_AS_IS = json.JSONEncoder(ensure_ascii=False)
+
 
 class Executor:
     def __init__(self, config: Config, backends: dict[str, Backend], url_policy: UrlPolicy,
@@ -50,7 +53,7 @@ class Executor:
         self.records_health_of: Callable[[str], bool] = lambda model_id: True
         self.threads = ContextThreadPool(
             max_workers=max(MIN_TASK_THREADS, config.max_workers * config.max_concurrent_requests),
-            thread_name_prefix="task")  # pragma: no mutate: thread names are shown nowhere (no threadName in logs)
+            thread_name_prefix="task")  # a thread dump names them task_N
 
     def execute(self, state: RequestState, tasks: list[Task], round: Round | None = None) -> dict[int, Outcome]:
         """Run the tasks as one round: a new one, or the round the streamed plan already started."""
@@ -174,7 +177,7 @@ class Executor:
                     if isinstance(inf.get(k), str) and inf[k]:
                         return inf[k]
                 if key == "text" and inf.get("predicted") is not None:
-                    return json.dumps(inf["predicted"], ensure_ascii=False)
+                    return JSON_AS_IS.encode(inf["predicted"])
                 if key in dep["task"]["args"] and "<GENERATED>" not in dep["task"]["args"][key]:
                     return dep["task"]["args"][key]  # JARVIS: fall back to the dependency's own input
                 raise TaskFailed(f"argument {key} needs a {key} from task {n}, which produced none")
@@ -194,7 +197,7 @@ class Executor:
     def llm_text_task(self, state: RequestState, task: Task) -> str:
         prompt = (
             f"The request [ {state.request.user_input} ] contains this task in JSON: {json.dumps(task.to_dict())}. "
-            f"Act as a {task.task} system with the arguments {json.dumps(task.args, ensure_ascii=False)} and give "
+            f"Act as a {task.task} system with the arguments {JSON_AS_IS.encode(task.args)} and give "
             "only the result, as plain text without URLs."
         )
         return state.llm.chat([{"role": "user", "content": prompt}])

@@ -950,3 +950,5 @@ def test_requests_share_the_task_threads_instead_of_starting_their_own(config):
         executor.execute(state, [t])
         time.sleep(0.05)  # the thread goes back to the pool
     assert len(set(backend.threads)) <= 2
+    # a thread dump of the server (py-spy, faulthandler) names them as the request's tasks, not as some pool
+    assert all(thread.name.startswith("task_") for thread in backend.threads)
