@@ -1143,6 +1143,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if any(abs(x) > 0.25 * smallest for x in leaks):",
              "    if False:",
              ("tests/test_gpu_check.py::test_the_validators_catch_what_half_precision_breaks",)),
+    Mutation("possessive-apostrophe-opens-a-quote", "hugginggpt/plan.py",
+             "            if ch == \"'\" and text[i - 1].isalnum():\n",
+             "            if ch == \"'\" and text[i - 1].isalnum() and i + 1 < len(text) and text[i + 1].isalnum():\n",
+             ("tests/test_plan_units.py",)),
+    Mutation("mcp-attach-reads-the-padded-value", "hugginggpt/mcp/tools.py",
+             "        value = value.strip()  # as `resolve` reads it\n",
+             "",
+             ("tests/test_mcp_tools_units.py",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
