@@ -256,8 +256,6 @@ class HuggingGPT:
     def recover(self, state: RequestState, plan: Plan) -> None:
         """Replan the remaining work when tasks failed on every model (at most max_replans times)."""
         while self.replanner.allowed(state) and not state.cancelled.is_set():
-            if time.monotonic() >= state.deadline:
-                return  # the deadline is total: what finished is the answer, a new plan could not run
             with state.lock:
                 results = dict(state.results)
             failures = failed_for_good(plan, results)
@@ -271,7 +269,7 @@ class HuggingGPT:
                                          f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
                                          finished, max(results) + 1, self.planner.chat_kwargs())
             except DeadlineExceeded:
-                return  # the deadline came while the LLM replanned: answer with what finished, not a 504
+                return  # the deadline passed before or while the LLM replanned: answer with what finished, not a 504
             if new is None or invalid_tasks(new) or len(new.tasks) > self.config.max_tasks:
                 return
             for task in new.tasks:

@@ -438,12 +438,21 @@ def test_a_model_call_that_takes_too_long_times_out(peer, peer_url, ours):
 
 
 def test_a_model_call_ends_at_the_requests_deadline(ours, peers):
-    """The request's deadline comes before task_timeout: the socket is shut then, and it reads as a timeout."""
+    """The request's deadline comes before task_timeout: the socket is shut then, and the error names the
+    deadline (not a 30 s timeout that never happened)."""
     backend = local(peers("stall").url, ours, task_timeout=30)
     started = time.monotonic()
     with deadline_scope(time.monotonic() + 0.5), pytest.raises(BackendError) as info:
         backend.infer("acme/m", TaskInputs("summarization", text="x"))
-    assert str(info.value) == "the local models server timed out after 30s on acme/m"
+    assert str(info.value) == "the request's deadline passed while the local models server ran acme/m"
+    assert time.monotonic() - started < 3
+
+
+def test_task_timeout_before_the_requests_deadline_is_named_as_itself(ours, peers):
+    started = time.monotonic()
+    with deadline_scope(time.monotonic() + 60), pytest.raises(BackendError) as info:
+        local(peers("stall").url, ours, task_timeout=1.0).infer("acme/m", TaskInputs("summarization", text="x"))
+    assert str(info.value) == "the local models server timed out after 1s on acme/m"
     assert time.monotonic() - started < 3
 
 

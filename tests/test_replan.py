@@ -132,3 +132,27 @@ def test_a_replan_over_max_tasks_is_not_run(server, llm, models):
     results = server.post("/results", ask("tag it and draw Berlin")).json()
     assert sorted(results, key=int) == ["0", "1"]
     assert [c["model"] for c in models.calls].count("dslim/bert-base-NER") == 1
+
+
+def test_a_replan_the_deadline_cuts_answers_with_what_finished(tmp_path, llm, models, models_server, public_dir):
+    """The LLM still replanning when the request's deadline passes: the client gets what finished (200), not a
+    504 that throws away the work already done."""
+    _, models_url = models_server
+    srv = start_server(write_config(tmp_path, llm.base_url, models_url, public_dir, semantic_ranking=False,
+                                    request_timeout=6), tmp_path)
+    try:
+        models.models = {SDXL: "text-to-image", "dslim/bert-base-NER": "token-classification"}
+        models.broken.add(SDXL)
+        llm.on("parse_task", plan(("token-classification", [-1], {"text": "Anna lives in Berlin"}),
+                                  ("text-to-image", [-1], {"text": "Berlin at night"})))
+        llm.on("parse_task", plan(("text-to-image", [-1], {"text": "again"}), first=2), contains="could not be run",
+               delay=30)  # the replan answers long after the deadline
+        resp = srv.post("/results", ask("tag it and draw Berlin"), timeout=25)
+        assert resp.status_code == 200, resp.text
+        results = resp.json()
+        assert sorted(results) == ["0", "1"]
+        assert "error" not in results["0"]["inference result"]  # the finished task is in the answer
+        assert "every candidate failed" in results["1"]["inference result"]["error"]["message"]
+        assert len(llm.stage_requests("parse_task")) == 2  # the replan was asked for, and cut
+    finally:
+        stop_server(srv)

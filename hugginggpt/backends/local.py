@@ -86,10 +86,14 @@ class LocalModelsServer:
 
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
         url = f"{self.base_url}/models/{quote(model_id)}"
-        timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
         body = json.dumps(self.body(model_id, inputs)).encode()  # ASCII: a lone surrogate travels as \ud800
         # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
-        with deadline_scope(time.monotonic() + self.task_timeout) as watch:
+        own_deadline = time.monotonic() + self.task_timeout
+        with deadline_scope(own_deadline) as watch:
+            if watch is not None and watch.deadline < own_deadline:  # the request's deadline comes first
+                timed_out = f"the request's deadline passed while the local models server ran {model_id}"
+            else:
+                timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
             try:
                 resp = self._http.request("POST", url, body=body,
                                           headers={**self._headers, "Content-Type": "application/json"},
