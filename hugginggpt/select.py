@@ -56,7 +56,7 @@ class Selection:
     task: str
     model_id: str | None
     hosted_on: str | None  # "local" | "huggingface" | "llm" | None
-    reason: str
+    reason: str = ""  # why this model (empty when none was chosen: `error` says why)
     available: dict[str, list[str]] = field(default_factory=dict)  # backend -> available ids, ranked
     error: str | None = None
     seconds: float = 0.0  # how long choosing took (ranking, status checks, the LLM's choice)
@@ -140,7 +140,7 @@ class Availability:
 
 def control_task_fixup(task: Task) -> None:
     """JARVIS: a `<control>-text-to-image` task without text is really the annotator (or seg/depth)."""
-    if task.task.endswith("-text-to-image") and "text" not in task.args and task.task != "text-to-image":
+    if task.task.endswith("-text-to-image") and "text" not in task.args:
         control = task.task.split("-")[0]
         task.task = {"seg": "image-segmentation", "depth": "depth-estimation"}.get(control, f"{control}-control")
 
@@ -327,15 +327,15 @@ class Selector:
         base = dict(task_id=task.id, task=task.task)
         if task.task.endswith("-text-to-image") or task.task.endswith("-control"):
             if self.inference_mode == "huggingface":
-                return Selection(**base, model_id=None, hosted_on=None, reason="",
+                return Selection(**base, model_id=None, hosted_on=None,
                                  error="ControlNet tasks need the local models server (inference_mode local or hybrid)")
             control = task.task.split("-")[0]
             model_id = f"lllyasviel/sd-controlnet-{control}" if task.task.endswith("-text-to-image") else task.task
             if not self.permitted(model_id):
-                return Selection(**base, model_id=None, hosted_on=None, reason="",
+                return Selection(**base, model_id=None, hosted_on=None,
                                  error=f"{model_id} is not permitted here (allowed_models / denied_models)")
             if not self.availability.check([model_id], ["local"]).get("local"):
-                return Selection(**base, model_id=None, hosted_on=None, reason="", available={"local": []},
+                return Selection(**base, model_id=None, hosted_on=None, available={"local": []},
                                  error=f"the local models server cannot serve {model_id} (its /status says so: "
                                        "the weights are missing or the deployment level does not include it)")
             return Selection(**base, model_id=model_id, hosted_on="local", available={"local": [model_id]},
@@ -345,14 +345,14 @@ class Selector:
                              reason="The LLM performs well on this text task itself.")
         by_id = {c.card.id: c for c in self.candidates(user_input, task, exclude)}  # best first
         if not by_id:
-            return Selection(**base, model_id=None, hosted_on=None, reason="",
+            return Selection(**base, model_id=None, hosted_on=None,
                              error=f"no model in the catalog does {task.task}"
                                    + (" among those allowed_models / denied_models permit"
                                       if self.allowed or self.denied else ""))
         ids = list(by_id)
         order = self.backends_in_order()
         found = self.availability.check(ids, order)
-        ranked_ids = {b: [m for m in ids if m in found.get(b, [])] for b in order}
+        ranked_ids = {b: [m for m in ids if m in found[b]] for b in order}
         # JARVIS keeps at most num_candidate_models, local ones first.
         kept: list[tuple[str, str]] = []
         for b in order:
@@ -362,7 +362,7 @@ class Selector:
         available = {b: [m for m, bb in kept if bb == b] for b in order}
         if not kept:
             where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
-            return Selection(**base, model_id=None, hosted_on=None, reason="", available=available,
+            return Selection(**base, model_id=None, hosted_on=None, available=available,
                              error=f"no available model for {task.task} on {where}")
         if len(kept) == 1:
             mid, b = kept[0]

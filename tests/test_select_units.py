@@ -97,13 +97,15 @@ def task(name="image-classification", tid=0, **args) -> Task:
 
 
 @pytest.mark.parametrize("value", ["<GENERATED>-1", "http://x/a.png", "https://x/a.png", "data:image/png;base64,AA",
-                                   "/examples/a.jpg", "  /examples/a.jpg  ", "/a" + "b" * 300 + " c"])
+                                   "/examples/a.jpg", "  /examples/a.jpg  ", "/a" + "b" * 300 + " c",
+                                   "/" + "b" * 199 + " c"])  # only the first 200 characters are read for a space
 def test_a_resource_is_a_reference(value):
     assert is_reference(value)
 
 
 @pytest.mark.parametrize("value", ["a photo of a cat", "/examples/my photo.jpg", "ftp://x", "cat.png", "",
-                                   "https://x/a b.png", "GENERATED-1"])
+                                   "https://x/a b.png", "GENERATED-1",
+                                   "/" + "b" * 198 + " c"])
 def test_words_are_not_a_reference(value):
     assert not is_reference(value)
 
@@ -204,7 +206,7 @@ def test_a_broken_status_check_reads_not_available(caplog):
     av = Availability({"local": backend})
     with caplog.at_level(logging.WARNING, logger="hugginggpt.select"):
         assert av.check(["org/a", "org/x", "org/b"], ["local"]) == {"local": ["org/a", "org/b"]}
-    assert "status check of org/x on local failed" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == ["status check of org/x on local failed"]
 
 
 def test_a_status_answer_expires_after_the_ttl(monkeypatch):
@@ -255,6 +257,39 @@ def test_the_status_cache_is_bounded(monkeypatch):
     assert len(av._cache) == 3
     av.check(["m6"], ["local"])  # full of fresh answers: all go
     assert set(av._cache) == {("local", "m6")}
+
+
+def test_a_full_status_cache_drops_the_answers_expiring_right_now(monkeypatch):
+    import hugginggpt.select as select_mod
+
+    clock = [100.0]
+    monkeypatch.setattr(select_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(select_mod, "MAX_STATUS_ENTRIES", 3)
+    backend = Backend()
+    av = Availability({"local": backend}, ttl=10)
+    av.check(["m1", "m2"], ["local"])
+    clock[0] = 105.0
+    av.check(["m3"], ["local"])
+    clock[0] = 110.0  # m1 and m2 expire now: they go, and the fresh m3 stays
+    av.check(["m4"], ["local"])
+    av.check(["m3"], ["local"])
+    assert backend.asked.count("m3") == 1
+
+
+def test_a_status_answer_is_cached_for_a_fraction_of_a_second(monkeypatch):
+    import hugginggpt.select as select_mod
+
+    clock = [100.0]
+    monkeypatch.setattr(select_mod.time, "monotonic", lambda: clock[0])
+    backend = Backend()
+    av = Availability({"local": backend}, ttl=0.5)
+    av.check(["org/a"], ["local"])
+    clock[0] = 100.4
+    av.check(["org/a"], ["local"])
+    assert backend.asked == ["org/a"]
+    clock[0] = 100.5
+    av.check(["org/a"], ["local"])
+    assert backend.asked == ["org/a", "org/a"]
 
 
 def test_without_a_ttl_nothing_is_cached():
@@ -314,7 +349,7 @@ def test_prepare_embeds_the_ranked_tasks_queries_at_once(caplog):
     s.ranker.prepare = broken
     with caplog.at_level(logging.ERROR, logger="hugginggpt.select"):
         s.prepare("x", [task()])  # each select embeds its own query then
-    assert "embedding the request's ranking queries failed" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == ["embedding the request's ranking queries failed"]
     selector().prepare("x", [task()])  # a ranker without `prepare`: nothing to do
 
 
@@ -366,6 +401,22 @@ def test_the_permit_search_gives_up_after_eight_rounds():
     s.catalog.ranked = lambda q, r, limit: (calls.append(limit), real(q, r, limit))[1]
     assert s.candidates("x", task()) == []
     assert len(calls) == 8
+
+
+def test_the_permit_search_stops_once_it_has_enough():
+    many = cards(*[f"org/m{i:02d}" for i in range(15)])
+    s = selector(many, {c.id: 1.0 - i / 100 for i, c in enumerate(many)})
+    calls = []
+    real = s.catalog.ranked
+    s.catalog.ranked = lambda q, r, limit: (calls.append(limit), real(q, r, limit))[1]
+    assert [c.card.id for c in s.candidates("x", task())] == [f"org/m{i:02d}" for i in range(10)]
+    assert calls == [10]  # exactly the 10 wanted: no second search
+
+
+def test_the_permit_search_keeps_what_each_round_found():
+    many = cards("good/one", *[f"bad/m{i:02d}" for i in range(12)], "good/two")
+    s = selector(many, {c.id: 1.0 - i / 100 for i, c in enumerate(many)}, denied=("bad/*",))
+    assert [c.card.id for c in s.candidates("x", task())] == ["good/one", "good/two"]
 
 
 # ---------------------------------------------------------------------------------------------- with a store
@@ -448,7 +499,7 @@ def test_controlnet_tasks_run_locally():
     assert sel.reason == "ControlNet is the best model for this task."
     assert s.by_ranking("x", task("canny-control", image="/a.png")).model_id == "canny-control"
     missing = s.by_ranking("x", task("hed-text-to-image", text="a", image="/a.png"))
-    assert missing.model_id is None and missing.available == {"local": []}
+    assert missing.model_id is None and missing.available == {"local": []} and missing.reason == ""
     assert missing.error == ("the local models server cannot serve lllyasviel/sd-controlnet-hed (its /status says so: "
                              "the weights are missing or the deployment level does not include it)")
 
@@ -461,6 +512,7 @@ def test_controlnet_needs_the_local_server_and_permission():
     denied = selector(denied=("lllyasviel/*",))
     sel = denied.by_ranking("x", task("canny-text-to-image", text="a", image="/a.png"))
     assert sel.error == "lllyasviel/sd-controlnet-canny is not permitted here (allowed_models / denied_models)"
+    assert (sel.model_id, sel.hosted_on, sel.reason) == (None, None, "")
 
 
 def test_text_tasks_are_the_llms():
@@ -483,7 +535,7 @@ def test_no_available_candidates_says_where_it_looked():
     none = Backend("local", serves=set())
     sel = selector(backends={"local": none, "huggingface": Backend("huggingface", serves=set())},
                    inference_mode="hybrid").by_ranking("x", task())
-    assert sel.model_id is None and sel.available == {"local": [], "huggingface": []}
+    assert sel.model_id is None and sel.available == {"local": [], "huggingface": []} and sel.reason == ""
     assert sel.error == ("no available model for image-classification on the local models server or hosted "
                          "inference")
     sel = selector(backends={"huggingface": Backend("huggingface", serves=set())},
@@ -629,6 +681,36 @@ def test_status_checks_run_in_parallel():
     start = time.monotonic()
     assert av.check(["org/a", "org/b"], ["local"]) == {"local": ["org/a", "org/b"]}
     assert time.monotonic() - start < 5
+
+
+def test_at_most_sixteen_status_checks_run_at_once():
+    busy = threading.Condition()
+    running, most, release = [0], [0], threading.Event()
+
+    class Held(Backend):
+        def is_available(self, model_id):
+            with busy:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                busy.notify_all()
+            release.wait(5)
+            with busy:
+                running[0] -= 1
+            return True
+
+    av = Availability({"local": Held()})
+    ids = [f"org/m{i:02d}" for i in range(20)]
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(av.check(ids, ["local"])), daemon=True)
+    asking.start()
+    try:
+        with busy:
+            assert busy.wait_for(lambda: running[0] >= 16, timeout=5)  # sixteen in flight at once
+            assert not busy.wait_for(lambda: running[0] > 16, timeout=0.3)  # and never more
+    finally:
+        release.set()
+        asking.join(5)
+    assert most[0] == 16 and answers == [{"local": ids}]
 
 
 # ---------------------------------------------------------------------------------------------- choose.py
