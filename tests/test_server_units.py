@@ -387,6 +387,7 @@ def test_a_stream_of_tasks_sends_its_result_then_done(site):
                     '[{"task": "text-to-image", "id": 0}]}\n\n'
                     'event: done\ndata: {"event": "done", "request_id": "rid-7"}\n\n')
     assert engine.calls[0][1:] == ("tasks", "req-rid-7")  # the work runs on a thread named for its request
+    assert engine.calls[0][0].request_id == "rid-7"  # and is the client's request
 
 
 def test_a_streamed_answer_passes_the_pipeline_events_on_as_they_are(site):
@@ -465,7 +466,8 @@ def test_a_stream_sends_keep_alives_while_its_client_is_there_and_stops_when_it_
     engine.script = slow
     text = client.post("/hugginggpt", json={**ASK, "stream": True},
                        environ_base={"waitress.client_disconnected": lambda: False}).get_data(as_text=True)
-    assert ": keep-alive\n\n" in text and "event: done" in text  # polled every 0.5 s on waitress
+    # polled every 0.5 s on waitress: whole SSE comments between the events
+    assert ": keep-alive" in text.split("\n\n") and "event: done" in text
 
     text = client.post("/hugginggpt", json={**ASK, "stream": True}).get_data(as_text=True)
     assert "keep-alive" not in text  # elsewhere: a comment every 10 s
