@@ -418,13 +418,13 @@ def test_memory_counts_the_loaded_models_and_the_budget(tmp_path, monkeypatch):
 
 def test_loading_and_eviction_are_logged(tmp_path, monkeypatch, caplog):
     FakeLoads(monkeypatch)
-    pool = ModelPool(sized_registry(tmp_path, {"m/a": 2 * MB, "m/b": 2 * MB}), "cpu", budget_bytes=3 * MB)
+    pool = ModelPool(sized_registry(tmp_path, {"m/a": 1_050_000, "m/b": 2 * MB}), "cpu", budget_bytes=3 * MB)
     with caplog.at_level(logging.INFO, logger=pool_module.__name__):
         use(pool, "m/a")
         use(pool, "m/b")
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "loading m/a (text-classification) on cpu"
-    assert lines[1].startswith("loaded m/a in ") and lines[1].endswith("s (2.0 MB, float32 on cpu)")
+    assert lines[1].startswith("loaded m/a in ") and lines[1].endswith("s (1.1 MB, float32 on cpu)")  # 1.05 MB
     assert lines[2:4] == ["evicted m/a to make room", "loading m/b (text-classification) on cpu"]
 
 
@@ -584,6 +584,38 @@ def test_out_of_memory_while_loading_retries_once_after_evicting_the_idle(tmp_pa
     with pytest.raises(NoRoom, match=r"^m/c does not fit"):
         use(pool, "m/c")  # nothing idle left to evict: no second try
     assert loads.calls == ["m/c"]
+
+
+def test_a_load_is_tried_twice_at_most_even_when_a_model_has_become_idle_meanwhile(tmp_path, monkeypatch):
+    loads = FakeLoads(monkeypatch)
+    pool = ModelPool(sized_registry(tmp_path, {"m/a": 2 * MB, "m/b": 2 * MB, "m/c": 2 * MB}), "cpu")
+    use(pool, "m/a")
+    use(pool, "m/b")
+    release, thread = hold(pool, "m/b")
+
+    def load(spec, registry, device):
+        loads.calls.append(spec.id)
+        if loads.calls.count("m/c") == 2:  # b's request ends while c is tried again
+            release.set()
+            thread.join(10)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(pool_module, "load", load)
+    try:
+        with pytest.raises(NoRoom) as err:
+            use(pool, "m/c")
+    finally:
+        release.set()
+        thread.join(10)
+    assert str(err.value) == "m/c does not fit in the memory of cpu (out of memory while loading)"
+    assert loads.calls.count("m/c") == 2 and pool.evictions == ["m/a"] and set(pool.loaded()) == {"m/b"}
+
+
+def test_a_model_is_loaded_on_the_pool_s_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(pool_module, "load", lambda spec, registry, device: Weights(2 * MB).to(device))
+    pool = ModelPool(sized_registry(tmp_path, {"m/a": 2 * MB}), "meta")  # a device every machine has
+    entry = use(pool, "m/a")
+    assert (entry.device, entry.weights_device, entry.dtype, entry.nbytes) == ("meta", "meta", "float32", 2 * MB)
 
 
 def test_an_ordinary_load_error_is_not_retried_and_evicts_nothing(tmp_path, monkeypatch):

@@ -276,19 +276,20 @@ class ModelPool:
                 if not is_out_of_memory(exc):
                     raise
                 self._release_cache()
-                if attempt == 2 or not self._evict(keep=spec.id, everything=True):
+                if attempt == 2 or not self._evict_idle():
                     raise NoRoom(f"{spec.id} does not fit in the memory of {self.device} (out of memory while "
-                                 f"loading){self._busy_note(spec.id)}") from None
+                                 f"loading){self._busy_note()}") from None
         dtype, where = describe(obj)
         entry = Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - t0, dtype, where,
-                       after - before if after is not None and before is not None else None)
+                       after - before if before is not None else None)  # one device: both readings or neither
         log.info("loaded %s in %.1fs (%.1f MB, %s on %s)", spec.id, entry.load_seconds, entry.nbytes / 1e6,
                  dtype, where)
         with self._guard:
             self._loaded[spec.id] = entry
             self.loads += 1
             self.peak_bytes = max(self.peak_bytes, sum(e.nbytes for e in self._loaded.values()))
-        self._evict(keep=spec.id)  # the size was unknown or larger than the files said
+        # the size was unknown or larger than the files said; the new model is spared by `keep` and by its own
+        self._evict(keep=spec.id)  # pragma: no mutate: lock too, held while it loads (_drop leaves a model in use)
         return entry
 
     def _allocated(self) -> int | None:
@@ -298,9 +299,9 @@ class ModelPool:
 
         return int(torch.cuda.memory_allocated(self.device))
 
-    def _busy_note(self, keep: str) -> str:
-        loaded = self._lru_order(keep)  # pragma: no mutate: keep is the model loading now, never among the loaded
-        busy = [mid for mid in loaded if self._lock_for(mid).locked()]
+    def _busy_note(self) -> str:
+        """The loaded models in use now (the model being loaded is not among them yet)."""
+        busy = [mid for mid in self._lru_order() if self._lock_for(mid).locked()]
         return f"; in use now: {', '.join(busy)}; try again when they finish" if busy else ""
 
     def _make_room(self, spec: ModelSpec) -> None:
@@ -310,15 +311,16 @@ class ModelPool:
         if not size:
             return  # unknown: loaded, then measured (_evict after the load)
         if self.budget is not None:
-            self._evict(keep=spec.id, incoming=size)
+            self._evict(incoming=size)
             with self._guard:
                 total = sum(e.nbytes for e in self._loaded.values() if e.spec.id != spec.id)
             if total + size > self.budget:
                 if not total:
                     raise NoRoom(f"{spec.id} needs about {amount(size)}, more than memory_budget_gb allows "
                                  f"({amount(self.budget)})")
-                raise NoRoom(f"{spec.id} needs about {amount(size)} and memory_budget_gb leaves "
-                             f"{amount(max(0, self.budget - total))}{self._busy_note(spec.id)}")
+                left = max(0, self.budget - total)  # pragma: no mutate: amount() reads 0 and 1 byte alike, "0 kB"
+                raise NoRoom(f"{spec.id} needs about {amount(size)} and memory_budget_gb leaves {amount(left)}"
+                             f"{self._busy_note()}")
         if self.free_memory is None:
             return
         need = int(size * (1 + HEADROOM))
@@ -326,18 +328,18 @@ class ModelPool:
             free = self.free_memory()
             if free >= need:
                 return
-            if not self._evict_one(keep=spec.id):
+            if not self._evict_one():
                 raise NoRoom(f"{spec.id} needs about {amount(need)} on {self.device} (weights and room to run) "
-                             f"and the device has {amount(free)} free{self._busy_note(spec.id)}")
+                             f"and the device has {amount(free)} free{self._busy_note()}")
 
-    def _lru_order(self, keep: str) -> list[str]:
-        """The loaded models other than `keep`, least recently used first."""
+    def _lru_order(self, keep: str | None = None) -> list[str]:
+        """The loaded models (other than `keep`), least recently used first."""
         with self._guard:
             return [mid for mid in self._loaded if mid != keep]
 
-    def _evict_one(self, keep: str) -> bool:
-        """Evict the least recently used idle model (not `keep`); False when every other model is in use."""
-        return any(self._drop(mid) for mid in self._lru_order(keep))  # pragma: no mutate: keep is loading, not loaded
+    def _evict_one(self) -> bool:
+        """Evict the least recently used idle model; False when every loaded model is in use."""
+        return any(self._drop(mid) for mid in self._lru_order())
 
     def _drop(self, mid: str) -> bool:
         """Evict `mid` unless it is in use, and give its memory back to the device (what came back is measured
@@ -369,19 +371,21 @@ class ModelPool:
 
             torch.cuda.empty_cache()
 
-    def _evict(self, keep: str, incoming: int = 0, everything: bool = False) -> bool:
-        """Drop least recently used models (not busy) until the total plus `incoming` fits the budget, or every
-        idle one with `everything`; True when one was dropped."""
-        if self.budget is None and not everything:
-            return False
-        dropped = False
-        for mid in self._lru_order(keep):
+    def _evict(self, incoming: int = 0, keep: str | None = None) -> None:
+        """Drop idle models (not `keep`), least recently used first, until the total plus `incoming` fits the
+        budget; nothing without a budget."""
+        if self.budget is None:
+            return
+        for mid in self._lru_order(keep):  # pragma: no mutate: `keep` is the model just loaded, in use (see _load)
             with self._guard:
                 total = sum(e.nbytes for e in self._loaded.values())
-            if not everything and total + incoming <= self.budget:
-                break
-            dropped = self._drop(mid) or dropped
-        return dropped
+            if total + incoming <= self.budget:
+                return
+            self._drop(mid)
+
+    def _evict_idle(self) -> bool:
+        """Drop every idle model (out of memory while loading); True when one was dropped."""
+        return bool([mid for mid in self._lru_order() if self._drop(mid)])
 
     def preload(self, specs: list[ModelSpec]) -> None:
         for spec in specs:
