@@ -19,6 +19,7 @@ store), so caches on disk are built once. A worker exits when the supervisor doe
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -29,14 +30,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import Config
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,7 @@ class SharedSlots:
 
 def shared_counts(ctx: Any, workers: int) -> Any:
     """The admission counts of `SharedSlots`: one int per worker, under a plain (non-recursive) lock."""
-    return ctx.Array("i", workers, lock=ctx.Lock())
+    return ctx.Array(ctypes.c_int, workers, lock=ctx.Lock())
 
 
 def free_lock_of_the_dead(held: Any) -> None:
@@ -106,7 +110,7 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
     sockets: list[socket.socket] = []
     try:
         for family, socktype, proto, sockaddr in Adjustments(host=host, port=port).listen:
-            sock = socket.socket(family, socktype, proto)
+            sock = socket.socket(family, socktype, proto)  # pragma: no mutate: proto 0 is TCP for a stream too
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, True)
             if family == socket.AF_INET6:
@@ -158,18 +162,20 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
-def worker_main(spec: WorkerSpec) -> None:
-    """A worker process: the same app as a single server, on the supervisor's sockets."""
-    _exit_with_parent()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor stops us
+def worker_threads(config: Config) -> int:
+    """A worker's waitress threads: `http_threads`, else one per admitted request and 16 more (health, files),
+    as for a single server."""
+    return config.http_threads or config.max_concurrent_requests + 16
+
+
+def worker_app(spec: WorkerSpec) -> Flask:
+    """The worker's app: the same as a single server's, admitting from the slots all workers share. Worker 0
+    alone refreshes the shared catalog store, and says once warm (the others start then)."""
     from .chat import HuggingGPT
     from .checks import print_start_checks
-    from .logs import setup_logging
-    from .server import create_app, serve
+    from .server import create_app
 
     config = spec.config
-    setup_logging(config.debug, config.log_file, tag=f"w{spec.index}")
     engine = HuggingGPT(config)
     engine.refreshes_catalog = spec.index == 0
     engine.metrics.shared_dir = Path(spec.metrics_dir)
@@ -187,18 +193,31 @@ def worker_main(spec: WorkerSpec) -> None:
         warm()
     if spec.first:  # once per server, not again when worker 0 is restarted
         threading.Thread(target=print_start_checks, args=(engine,), name="start-checks", daemon=True).start()
-    app = create_app(config, engine, admission=SharedSlots(spec.held, spec.index, config.max_concurrent_requests))
-    threads = config.http_threads or config.max_concurrent_requests + 16
-    sys.exit(serve(app, spec.host, spec.port, threads=threads, limits=worker_limits(config, spec.workers),
-                   sockets=spec.sockets))
+    return create_app(config, engine, admission=SharedSlots(spec.held, spec.index, config.max_concurrent_requests))
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """A worker process: the same app as a single server, on the supervisor's sockets."""
+    _exit_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor stops us
+    from .logs import setup_logging
+    from .server import serve
+
+    config = spec.config
+    setup_logging(config.debug, config.log_file, tag=f"w{spec.index}")
+    app = worker_app(spec)
+    sys.exit(serve(app, spec.host, spec.port, threads=worker_threads(config),
+                   limits=worker_limits(config, spec.workers), sockets=spec.sockets))
 
 
 class Supervisor:
     """Binds the port, runs `config.http_workers` workers on it, restarts those that die, stops them all on
     SIGTERM or Ctrl-C. `run` returns the exit status."""
 
-    def __init__(self, config: Config, host: str, port: int):
-        self.config, self.host, self.port = config, host, port
+    def __init__(self, config: Config, host: str, port: int, worker: Callable[[WorkerSpec], None] = worker_main):
+        """worker: what each worker process runs (tests give a stand-in)."""
+        self.config, self.host, self.port, self.worker = config, host, port, worker
         self.count = config.http_workers
         self._stop = threading.Event()
 
@@ -217,7 +236,7 @@ class Supervisor:
         ctx = multiprocessing.get_context("spawn")
         started: dict[int, float] = {}
         procs: list[Any] = []
-        metrics_dir: str | None = None
+        metrics_dir: str | None = None  # pragma: no mutate: None or "", there is no folder to remove yet
         try:
             metrics_dir = tempfile.mkdtemp(prefix="hugginggpt-metrics-")
             os.environ[METRICS_ENV] = metrics_dir  # before any worker imports prometheus_client
@@ -226,7 +245,7 @@ class Supervisor:
             def start(index: int) -> Any:
                 spec = WorkerSpec(self.config, index, self.count, self.host, self.port, sockets, held, warmed,
                                   str(metrics_dir), first=not started)
-                proc = ctx.Process(target=worker_main, args=(spec,), name=f"hugginggpt-worker-{index}", daemon=True)
+                proc = ctx.Process(target=self.worker, args=(spec,), name=f"hugginggpt-worker-{index}", daemon=True)
                 # a worker ignores Ctrl-C (the supervisor stops it), from its first instruction: the terminal
                 # sends SIGINT to the whole group, and a worker still importing would print a traceback
                 previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
