@@ -141,8 +141,12 @@ def completion(request_id: str, model: str, content: str, usage: dict[str, int])
 
 
 def chunk(request_id: str, model: str, delta: dict[str, Any], finish: str | None = None) -> str:
-    body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return _data({"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": int(time.time()),
+                  "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def _data(body: Any) -> str:
+    """One server-sent event of the stream: its JSON as UTF-8 text, the way OpenAI's SDKs read it."""
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"  # pragma: no mutate: None is False
 
 
@@ -156,7 +160,7 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
     def models() -> Response:
         return jsonify({"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hugginggpt"}
                                                    for m in MODELS]})
-    app.add_url_rule("/v1/models", view_func=models, methods=["GET"])
+    app.add_url_rule("/v1/models", view_func=models)  # GET (and HEAD): Flask's default
 
     def chat_completions() -> Response:
         return admitted(lambda: _complete(read_body()))
@@ -212,12 +216,12 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                         yield chunk(req.request_id, model, {"content": value})
                     elif kind == "error":
                         completed = True
-                        yield f"data: {json.dumps({'error': value}, ensure_ascii=False)}\n\n"
+                        yield _data({"error": value})
                         yield "data: [DONE]\n\n"
                         return
                     else:
                         completed = True
-                        rest = value[len(sent):] if value.startswith(sent) else ("\n\n" + value if sent else value)
+                        rest = value[len(sent):] if value.startswith(sent) else "\n\n" + value  # a new answer: after it
                         rest += files_markdown(generated_files(work.state), base_url)
                         if rest:
                             yield chunk(req.request_id, model, {"content": rest})

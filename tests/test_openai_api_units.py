@@ -1,7 +1,8 @@
-"""The OpenAI front door's translation (openai_api.py) on its own: request bodies in, completions and chunks out.
+"""The OpenAI front door (openai_api.py) in-process: request bodies in, completions and chunks out, and its two
+routes through the real app's test client with the pipeline scripted (tests/test_server_units.py's Engine).
 
-tests/test_front_doors.py drives the same code through the server with the official `openai` client; these pin
-each message, each refusal and each field exactly, fast enough for the mutation audit.
+tests/test_front_doors.py drives the same code through a server it starts, with the official `openai` client;
+these pin each message, each refusal, each field and each chunk exactly, fast enough for the mutation audit.
 """
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
+import queue
+import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import soundfile as sf
 from PIL import Image
 
+from hugginggpt import openai_api
 from hugginggpt.config import load_config
-from hugginggpt.errors import BadRequest, NotFound
+from hugginggpt.errors import BadRequest, LLMError, NotFound
 from hugginggpt.llm import LLMClient
 from hugginggpt.openai_api import (
     AUDIO_FORMATS,
@@ -32,7 +38,7 @@ from hugginggpt.openai_api import (
 )
 from hugginggpt.request import ChatRequest, RequestState
 from hugginggpt.uploads import UploadStore
-from tests.conftest import make_public, write_config
+from tests.conftest import make_public, wait_until, write_config
 
 
 def png_data_uri() -> str:
@@ -281,3 +287,373 @@ def test_an_image_url_is_fetched_under_the_configured_size_limit_and_proxy(tmp_p
     with pytest.raises(Exception, match="failed"):
         chat_request(image_body(site.url), uploads, config, "r")
     assert site.hits == []  # through the (dead) proxy, never straight to the site
+
+
+def test_an_https_image_url_is_fetched_too(env):
+    uploads, config = env
+    for url in ("https://127.0.0.1:9/red.png", "HTTPS://127.0.0.1:9/red.png"):
+        with pytest.raises(Exception) as err:  # fetched under the policy, which refuses loopback: nothing is fetched
+            chat_request(image_body(url), uploads, config, "r")
+        assert "refusing" in str(err.value) and "must be a data URI" not in str(err.value)
+
+
+# -- the routes, through the app's test client -------------------------------------------------------------------
+# The real app of server.create_app with the pipeline scripted (tests/test_server_units.py's Engine): what an
+# OpenAI SDK sees of /v1/models and /v1/chat/completions, and what the pipeline was asked.
+
+V1 = "/v1/chat/completions"
+ASK_V1 = {"model": "hugginggpt", "messages": [{"role": "user", "content": "draw a fox"}]}
+LEFT = "client went away; cancelling"
+
+
+@pytest.fixture
+def app_site(tmp_path):
+    from tests.test_server_units import build
+
+    return build(tmp_path)
+
+
+def v1_error(resp) -> dict:
+    return resp.get_json()["error"]
+
+
+def with_files_and_usage(state, message="A fox."):
+    """What a pipeline that made an image and a sound, after two LLM calls, leaves in its request state."""
+    state.llm.usage.update({"prompt_tokens": 12, "completion_tokens": 5})
+    state.results[1] = {"inference result": {"generated audio": "/audios/b.wav"}}
+    state.results[0] = {"inference result": {"generated image": "/images/a.png"}}
+    return {"message": message}
+
+
+FILES_MD = "\n\n![generated image](http://localhost/images/a.png)\n[generated audio](http://localhost/audios/b.wav)"
+
+
+def test_models_lists_the_two_models_openai_s_way(app_site):
+    client, _, _ = app_site
+    resp = client.get("/v1/models")
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+    assert resp.get_json() == {"object": "list", "data": [
+        {"id": "hugginggpt", "object": "model", "created": 0, "owned_by": "hugginggpt"},
+        {"id": "hugginggpt-plan", "object": "model", "created": 0, "owned_by": "hugginggpt"}]}
+    resp = client.post("/v1/models", json={})
+    assert resp.status_code == 405
+    assert v1_error(resp) == {"message": "The method is not allowed for the requested URL.",
+                              "type": "invalid_request_error", "param": None, "code": None}
+
+
+def test_a_completion_is_the_answer_with_its_files_and_usage(app_site):
+    client, engine, _ = app_site
+    engine.script = lambda state, mode: with_files_and_usage(state)
+    before = int(time.time())
+    resp = client.post(V1, json={**ASK_V1, "temperature": 0.2, "n": 1, "api_key": "sk-elsewhere"},
+                       headers={"X-Request-ID": "rid-v1"})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert resp.mimetype == "application/json" and resp.headers["X-Request-ID"] == "rid-v1"
+    body = resp.get_json()
+    assert before <= body.pop("created") <= int(time.time())
+    assert body == {"id": "chatcmpl-rid-v1", "object": "chat.completion", "model": "hugginggpt",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "A fox." + FILES_MD},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}}
+    [(req, mode, _)] = engine.calls
+    assert mode == "answer" and req.request_id == "rid-v1" and req.user_input == "draw a fox"
+    assert (req.api_key, req.api_type, req.api_endpoint) == (None, None, None)  # the body's extras are not overrides
+
+
+def test_a_completion_without_files_or_usage_is_the_bare_answer(app_site):
+    client, engine, _ = app_site
+    engine.script = lambda state, mode: {"message": "Just words."}
+    body = client.post(V1, json={"messages": ASK_V1["messages"], "stream": False}).get_json()
+    assert body["model"] == "hugginggpt"  # the default model
+    assert body["choices"][0]["message"]["content"] == "Just words."
+    assert body["usage"] == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+def test_the_plan_model_answers_the_decisions_as_json(app_site):
+    client, engine, _ = app_site
+    decisions = {"plan": [{"task": "text-to-image", "id": 0}], "message": "not this"}
+    engine.script = lambda state, mode: decisions
+    body = client.post(V1, json={**ASK_V1, "model": "hugginggpt-plan"}).get_json()
+    assert body["model"] == "hugginggpt-plan"
+    assert json.loads(body["choices"][0]["message"]["content"]) == decisions
+    assert [mode for _, mode, _ in engine.calls] == ["decisions"]
+
+
+def test_an_image_part_is_stored_in_the_apps_uploads_and_named_to_the_pipeline(app_site):
+    client, engine, app = app_site
+    engine.script = lambda state, mode: {"message": state.request.user_input}
+    resp = client.post(V1, json={**ASK_V1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": png_data_uri()}}]}]})
+    said = resp.get_json()["choices"][0]["message"]["content"]
+    assert said.startswith("what is this (/uploads/") and said.endswith(".png)")
+    public = app.extensions["hugginggpt"].config.public_dir
+    assert (public / said.split("(/")[1].rstrip(")")).is_file()
+
+
+@pytest.mark.parametrize("kwargs, status, message", [
+    ({"json": {**ASK_V1, "model": "gpt-4o"}}, 404,
+     "the model 'gpt-4o' does not exist; use one of hugginggpt, hugginggpt-plan (GET /v1/models)"),
+    ({"json": {**ASK_V1, "stream": "yes"}}, 400, "`stream` must be true or false"),
+    ({"json": ["not", "an", "object"]}, 400, "the request body must be a JSON object with `model` and `messages`"),
+    ({"json": {"model": "hugginggpt"}}, 400, '`messages` must be a list of {"role", "content"} objects'),
+    ({"data": "{not json", "content_type": "application/json"}, 400,
+     'the request body must be JSON, e.g. {"messages": [{"role": "user", "content": "..."}]}; this is not valid JSON'),
+    ({"data": "draw a fox", "content_type": "text/plain"}, 415,
+     "send the body as JSON with `Content-Type: application/json` (got text/plain)"),
+])
+def test_a_bad_request_is_refused_in_openai_s_shape_before_anything_runs(app_site, kwargs, status, message):
+    client, engine, _ = app_site
+    resp = client.post(V1, **kwargs)
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    assert v1_error(resp) == {"message": message, "type": "invalid_request_error", "param": None,
+                              "code": "model_not_found" if status == 404 else None}
+    assert engine.calls == []
+
+
+def test_a_pipeline_error_is_an_openai_error_with_its_status(app_site):
+    client, engine, _ = app_site
+
+    def fails(state, mode):
+        raise LLMError("the LLM said no")
+
+    engine.script = fails
+    resp = client.post(V1, json=ASK_V1)
+    assert resp.status_code == 502
+    assert v1_error(resp) == {"message": "the LLM said no", "type": "llm_backend_error", "param": None,
+                              "code": None}
+
+
+def test_a_client_that_leaves_a_completion_stops_its_work(app_site, caplog):
+    """Answered in one piece: waitress's `client_disconnected` is watched and the work cancelled."""
+    client, engine, _ = app_site
+    engine.script = lambda state, mode: {"message": f"cancelled: {state.cancelled.wait(3)}"}
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="hugginggpt.streamwork"):
+        resp = client.post(V1, json=ASK_V1, headers={"X-Request-ID": "rid-gone"},
+                           environ_base={"waitress.client_disconnected": lambda: True})
+    assert resp.get_json()["choices"][0]["message"]["content"] == "cancelled: True"
+    assert time.monotonic() - started < 2
+    assert f"[rid-gone] {LEFT}" in caplog.messages
+
+
+# -- streams -------------------------------------------------------------------------------------------------------
+
+
+def frames(text: str) -> list[str]:
+    """The server-sent events of a stream, each without its blank line."""
+    assert text.endswith("\n\n"), text
+    return text[:-2].split("\n\n")
+
+
+def deltas(text: str, request_id: str, model: str = "hugginggpt") -> list[tuple[dict, str | None]]:
+    """(delta, finish_reason) of each chunk of a stream that ended with `data: [DONE]`; checks each chunk's fields."""
+    *chunks, done = frames(text)
+    assert done == "data: [DONE]"
+    out = []
+    for frame in chunks:
+        if frame == ": keep-alive":
+            continue
+        assert frame.startswith("data: ")
+        data = json.loads(frame[len("data: "):])
+        assert (data["id"], data["object"], data["model"]) == (f"chatcmpl-{request_id}", "chat.completion.chunk",
+                                                                model)
+        assert isinstance(data["created"], int) and abs(data["created"] - time.time()) < 60
+        [choice] = data["choices"]
+        assert choice["index"] == 0
+        out.append((choice["delta"], choice["finish_reason"]))
+    return out
+
+
+ROLE = ({"role": "assistant", "content": ""}, None)
+STOP = ({}, "stop")
+
+
+def stream(client, body=None, request_id="rid-s", **kwargs):
+    resp = client.post(V1, json={**(body or ASK_V1), "stream": True}, headers={"X-Request-ID": request_id}, **kwargs)
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    return resp
+
+
+def test_a_stream_sends_the_tokens_then_the_rest_then_stop_and_done(app_site, caplog):
+    client, engine, _ = app_site
+
+    def answer(state, mode):
+        state.emit("plan", {"tasks": []})  # not a token: not sent
+        for piece in ("The ", "fox"):
+            state.emit("answer_token", {"text": piece})
+        state.emit("answer_token", {})  # a token without text is an empty piece
+        return with_files_and_usage(state, "The fox.")
+
+    engine.script = answer
+    with caplog.at_level(logging.INFO, logger="hugginggpt.streamwork"):
+        resp = stream(client)
+        text = resp.get_data(as_text=True)
+        resp.close()
+    assert resp.mimetype == "text/event-stream"
+    assert resp.headers["Cache-Control"] == "no-cache" and resp.headers["X-Accel-Buffering"] == "no"
+    assert deltas(text, "rid-s") == [ROLE, ({"content": "The "}, None), ({"content": "fox"}, None),
+                                     ({"content": ""}, None), ({"content": "." + FILES_MD}, None), STOP]
+    [(req, mode, thread)] = engine.calls
+    assert (req.request_id, req.user_input, mode, thread) == ("rid-s", "draw a fox", "answer", "v1-rid-s")
+    assert not any(LEFT in m for m in caplog.messages)  # read to its end: nothing to cancel
+
+
+def test_an_answer_that_is_not_what_was_streamed_comes_after_a_blank_line(app_site):
+    client, engine, _ = app_site
+
+    def answer(state, mode):
+        state.emit("answer_token", {"text": "draft"})
+        return {"message": "Final."}
+
+    engine.script = answer
+    assert deltas(stream(client).get_data(as_text=True), "rid-s") == [
+        ROLE, ({"content": "draft"}, None), ({"content": "\n\nFinal."}, None), STOP]
+
+
+def test_an_answer_without_tokens_comes_in_one_chunk_and_an_empty_one_in_none(app_site):
+    client, engine, _ = app_site
+    engine.script = lambda state, mode: {"message": "Whole answer é"}
+    text = stream(client).get_data(as_text=True)
+    assert deltas(text, "rid-s") == [ROLE, ({"content": "Whole answer é"}, None), STOP]
+    engine.script = lambda state, mode: {"message": ""}
+    assert deltas(stream(client).get_data(as_text=True), "rid-s") == [ROLE, STOP]
+
+
+def test_a_stream_of_the_plan_model_sends_the_decisions(app_site):
+    client, engine, _ = app_site
+    decisions = {"plan": [{"task": "text-to-image", "id": 0}], "message": "not this"}
+    engine.script = lambda state, mode: decisions
+    got = deltas(stream(client, {**ASK_V1, "model": "hugginggpt-plan"}).get_data(as_text=True), "rid-s",
+                 "hugginggpt-plan")
+    assert got[0] == ROLE and got[2:] == [STOP]
+    assert json.loads(got[1][0]["content"]) == decisions
+    assert [mode for _, mode, _ in engine.calls] == ["decisions"]
+
+
+def test_a_pipeline_error_ends_the_stream_with_an_openai_error(app_site, caplog):
+    client, engine, _ = app_site
+
+    def fails(state, mode):
+        state.emit("answer_token", {"text": "par"})
+        raise LLMError("the LLM said no: été")
+
+    engine.script = fails
+    with caplog.at_level(logging.INFO, logger="hugginggpt.streamwork"):
+        text = stream(client).get_data(as_text=True)
+    assert not any(LEFT in m for m in caplog.messages)  # the work has ended: nothing to cancel
+    assert "été" in text  # as UTF-8, not escaped
+    *chunks, error_frame, done = frames(text)
+    assert deltas("\n\n".join([*chunks, done]) + "\n\n", "rid-s") == [ROLE, ({"content": "par"}, None)]
+    assert json.loads(error_frame.removeprefix("data: ")) == {"error": {
+        "message": "the LLM said no: été", "type": "llm_backend_error", "param": None, "code": None}}
+    assert done == "data: [DONE]"
+
+
+def test_an_unexpected_failure_ends_the_stream_with_a_server_error_and_a_log(app_site, caplog):
+    client, engine, _ = app_site
+
+    def breaks(state, mode):
+        raise RuntimeError("secret detail")
+
+    engine.script = breaks
+    with caplog.at_level(logging.ERROR, logger="hugginggpt.openai_api"):
+        text = stream(client).get_data(as_text=True)
+    assert frames(text)[1:] == ['data: {"error": {"message": "internal error (RuntimeError)", "type": "server_error", '
+                                '"param": null, "code": null}}', "data: [DONE]"]
+    [record] = [r for r in caplog.records if r.name == "hugginggpt.openai_api"]
+    assert record.getMessage() == "stream failed" and record.exc_info[0] is RuntimeError
+
+
+class TimedQueue(queue.Queue):
+    """A queue that notes how long the stream would wait for each event, and waits at most 50 ms."""
+
+    waits: list = []
+
+    def get(self, block=True, timeout=None):
+        TimedQueue.waits.append(timeout)
+        return super().get(block, min(timeout, 0.05))
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    TimedQueue.waits = []
+    monkeypatch.setattr(openai_api, "queue", SimpleNamespace(Queue=TimedQueue, Empty=queue.Empty))
+    return TimedQueue.waits
+
+
+def test_a_slow_answer_is_kept_alive_by_comments(app_site, timed):
+    client, engine, _ = app_site
+
+    def slow(state, mode):
+        time.sleep(0.3)
+        return {"message": "done"}
+
+    engine.script = slow
+    text = stream(client).get_data(as_text=True)
+    assert ": keep-alive" in frames(text)  # a whole SSE comment, which SDKs skip
+    assert deltas(text, "rid-s") == [ROLE, ({"content": "done"}, None), STOP]
+    assert set(timed) == {openai_api.HEARTBEAT_SECONDS}  # on a server that cannot tell a client left: every 10 s
+
+
+def test_a_stream_whose_client_left_is_cancelled_at_the_next_check(app_site, timed, caplog):
+    client, engine, _ = app_site
+    seen = []
+
+    def waits(state, mode):
+        seen.append(state.cancelled.wait(2))
+        return {"message": "late"}
+
+    engine.script = waits
+    with caplog.at_level(logging.INFO, logger="hugginggpt.streamwork"):
+        text = stream(client, request_id="rid-left",
+                      environ_base={"waitress.client_disconnected": lambda: True}).get_data(as_text=True)
+    assert deltas(text + "data: [DONE]\n\n", "rid-left") == [ROLE]  # nothing after the first check, not even [DONE]
+    assert "data: [DONE]" not in text
+    assert timed == [0.5]  # on waitress: checked twice a second
+    wait_until(lambda: seen, 5, "the work to end")
+    assert seen == [True] and f"[rid-left] {LEFT}" in caplog.messages
+
+
+def test_a_stream_with_a_connected_client_keeps_checking(app_site, timed):
+    client, engine, _ = app_site
+
+    def slow(state, mode):
+        time.sleep(0.3)
+        return {"message": "done"}
+
+    engine.script = slow
+    text = stream(client, environ_base={"waitress.client_disconnected": lambda: False}).get_data(as_text=True)
+    assert deltas(text, "rid-s") == [ROLE, ({"content": "done"}, None), STOP]
+    assert ": keep-alive" in frames(text) and set(timed) == {0.5}
+
+
+def test_a_stream_holds_its_slot_until_its_work_has_ended_even_when_the_client_left(tmp_path, caplog):
+    from tests.test_server_units import build
+
+    client, engine, _ = build(tmp_path, admission=threading.BoundedSemaphore(1))
+    release = threading.Event()
+    seen: list = []
+
+    def slow(state, mode):
+        seen.append(state)
+        release.wait(10)  # the pipeline does not notice the cancel at once
+        return {"message": "late"}
+
+    engine.script = slow
+    with caplog.at_level(logging.INFO, logger="hugginggpt.streamwork"):
+        resp = client.post(V1, json={**ASK_V1, "stream": True}, headers={"X-Request-ID": "rid-bye"}, buffered=False)
+        first = next(iter(resp.response)).decode()
+        assert deltas(first + "data: [DONE]\n\n", "rid-bye") == [ROLE]
+        resp.close()  # the client leaves
+        wait_until(lambda: seen and seen[0].cancelled.is_set(), 5, "the work cancelled")
+    assert f"[rid-bye] {LEFT}" in caplog.messages
+    engine.script = lambda state, mode: {"message": "ok"}
+    with client.post(V1, json=ASK_V1) as busy:
+        assert busy.status_code == 429  # the work still runs
+    release.set()
+
+    def admitted() -> bool:
+        with client.post(V1, json=ASK_V1) as resp:
+            return resp.status_code == 200
+
+    wait_until(admitted, 5, "the slot given back")
