@@ -296,8 +296,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
     app.add_url_rule("/favicon.ico", view_func=favicon)
 
     def public_files(filename: str) -> Response:
-        if "/" + filename in MODES:
-            return error_response(f"/{filename} takes POST with a JSON body", 405, "invalid_request_error")
+        # a route's path asked with GET (a route of its own would have matched): /hugginggpt, /v1/chat/completions
+        if any(rule.rule == "/" + filename for rule in app.url_map.iter_rules()):
+            body = "a file (multipart/form-data)" if filename == "upload" else "a JSON body"
+            return error_response(f"/{filename} takes POST with {body}", 405, "invalid_request_error")
         return send_public_file(public, filename)
     app.add_url_rule("/<path:filename>", view_func=public_files)
 

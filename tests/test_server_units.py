@@ -192,6 +192,18 @@ def test_a_get_of_a_route_says_it_takes_post(site, path):
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
 
 
+def test_a_get_of_the_openai_door_says_it_takes_post_not_that_no_model_exists(site):
+    client, _, _ = site
+    resp = client.get("/v1/chat/completions")  # an SDK user's wrong method: not a missing file or model
+    assert resp.status_code == 405
+    assert resp.get_json()["error"] == {"message": "/v1/chat/completions takes POST with a JSON body",
+                                        "type": "invalid_request_error", "param": None, "code": None}
+    assert client.get("/v1/chat/completions/x").status_code == 404  # only a route's own path
+    assert client.get("/v1/models").status_code == 200
+    resp = client.get("/upload")
+    assert resp.status_code == 405 and error(resp)["message"] == "/upload takes POST with a file (multipart/form-data)"
+
+
 def test_errors_of_the_pipeline_are_json_with_their_status_and_type(site, caplog):
     client, engine, _ = site
 
