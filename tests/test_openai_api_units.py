@@ -581,14 +581,15 @@ def timed(monkeypatch):
     return TimedQueue.waits
 
 
+def answers_after_a_while(state, mode):
+    time.sleep(0.3)  # longer than the 50 ms TimedQueue waits: keep-alives come between
+    return {"message": "done"}
+
+
 def test_a_slow_answer_is_kept_alive_by_comments(app_site, timed):
     client, engine, _ = app_site
 
-    def slow(state, mode):
-        time.sleep(0.3)
-        return {"message": "done"}
-
-    engine.script = slow
+    engine.script = answers_after_a_while
     text = stream(client).get_data(as_text=True)
     assert ": keep-alive" in frames(text)  # a whole SSE comment, which SDKs skip
     assert deltas(text, "rid-s") == [ROLE, ({"content": "done"}, None), STOP]
@@ -617,11 +618,7 @@ def test_a_stream_whose_client_left_is_cancelled_at_the_next_check(app_site, tim
 def test_a_stream_with_a_connected_client_keeps_checking(app_site, timed):
     client, engine, _ = app_site
 
-    def slow(state, mode):
-        time.sleep(0.3)
-        return {"message": "done"}
-
-    engine.script = slow
+    engine.script = answers_after_a_while
     text = stream(client, environ_base={"waitress.client_disconnected": lambda: False}).get_data(as_text=True)
     assert deltas(text, "rid-s") == [ROLE, ({"content": "done"}, None), STOP]
     assert ": keep-alive" in frames(text) and set(timed) == {0.5}

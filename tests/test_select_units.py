@@ -239,7 +239,8 @@ def test_a_status_check_is_not_cut_by_the_request_that_asked_first():
     assert backend.tokens == [None]
 
 
-def test_the_status_cache_is_bounded(monkeypatch):
+def full_status_cache(monkeypatch):
+    """A cache of 3 entries, full: m1 and m2 asked at 100 s, m3 at 105 s (ttl 10 s); the clock is the test's."""
     import hugginggpt.select as select_mod
 
     clock = [100.0]
@@ -250,6 +251,11 @@ def test_the_status_cache_is_bounded(monkeypatch):
     av.check(["m1", "m2"], ["local"])
     clock[0] = 105.0
     av.check(["m3"], ["local"])
+    return clock, backend, av
+
+
+def test_the_status_cache_is_bounded(monkeypatch):
+    clock, _, av = full_status_cache(monkeypatch)
     clock[0] = 111.0  # m1 and m2 expired, m3 not
     av.check(["m4"], ["local"])  # full: the expired ones go
     assert set(av._cache) == {("local", "m3"), ("local", "m4")}
@@ -260,16 +266,7 @@ def test_the_status_cache_is_bounded(monkeypatch):
 
 
 def test_a_full_status_cache_drops_the_answers_expiring_right_now(monkeypatch):
-    import hugginggpt.select as select_mod
-
-    clock = [100.0]
-    monkeypatch.setattr(select_mod.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(select_mod, "MAX_STATUS_ENTRIES", 3)
-    backend = Backend()
-    av = Availability({"local": backend}, ttl=10)
-    av.check(["m1", "m2"], ["local"])
-    clock[0] = 105.0
-    av.check(["m3"], ["local"])
+    clock, backend, av = full_status_cache(monkeypatch)
     clock[0] = 110.0  # m1 and m2 expire now: they go, and the fresh m3 stays
     av.check(["m4"], ["local"])
     av.check(["m3"], ["local"])
