@@ -304,7 +304,7 @@ def test_hub_models_are_fetched_and_refusals_counted(tmp_path, monkeypatch, caps
     assert main(["--models-dir", str(models), "--hub", "o/ner", "no/gated"]) == 1
     out = capsys.readouterr()
     assert out.out == f"o/ner: in {models / 'o/ner'} (token-classification, 2.0 KB)\n"
-    assert out.err == "no/gated: refused: no/gated is gated\n"
+    assert out.err == "no/gated: refused: no/gated is gated\n1 of 2 refused: no/gated\n"
     built = discovery.built[0]
     assert built.policy.mode == "local" and built.policy.allow == () and built.policy.deny == ()
     assert built.policy.max_size_mb is None and built.endpoint is None and built.token is None
@@ -325,7 +325,8 @@ def test_a_hub_dry_run_says_what_would_be_fetched(tmp_path, monkeypatch, capsys,
     assert discovery.built[0].endpoint == "http://hub.test"
     assert main(["--models-dir", str(models), "--hub", "no/gated", "bad/x", "--dry-run"]) == 1
     assert capsys.readouterr().err.splitlines() == ["no/gated: refused: no/gated is gated",
-                                                    "bad/x: refused: bad model id"]
+                                                    "bad/x: refused: bad model id",
+                                                    "2 of 2 refused: no/gated, bad/x"]
     assert not (models / "o").exists()
 
 
@@ -342,6 +343,22 @@ def test_the_configs_author_lists_token_and_size_cap_apply_to_hub_models(tmp_pat
     assert built.policy.allow == ("good",) and built.policy.deny == ("evil",)
     assert built.policy.max_size_mb == expected and isinstance(built.policy.max_size_mb, (float, type(None)))
     assert built.token == "hf_secret" and built.endpoint is None and built.models_dir == tmp_path / "m"
+
+
+def test_a_config_with_no_llm_key_is_enough(tmp_path, monkeypatch, capsys, hub):
+    """The GPU box's copy of the config need not hold the OpenAI key: the downloader never calls the LLM."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"root: {tmp_path}\nopenai: {{model: gpt-4o-mini}}\nlocal_models_dir: m\n")
+    assert main(["--config", str(config), "--dry-run", "--only", "dslim/bert-base-NER"]) == 0
+    assert capsys.readouterr().out.startswith(f"dslim/bert-base-NER: would fetch into {tmp_path / 'm'}")
+
+
+def test_the_help_keeps_the_examples_one_per_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "\n    python -m hugginggpt.modelhost.download --only dslim/bert-base-NER\n" in out
 
 
 def test_the_help_explains_every_option(capsys):

@@ -88,7 +88,7 @@ class HubSizes:
             info = HfApi().model_info(model_id, files_metadata=True, timeout=5)
             return sum(s.size or 0 for s in info.siblings or []) or None
         except Exception:  # noqa: BLE001 - offline or unknown: the size is simply not known
-            self.reachable = False
+            self.reachable = False  # pragma: no mutate: only its truth is read (None is as false)
             return None
 
 
@@ -104,7 +104,7 @@ def fetch_discovered(ids: list[str], models_dir: Path, registry: Registry, confi
                              max_size_mb=float(cap) if isinstance(cap, (int, float)) and cap > 0 else None)
     discovery = Discovery(policy, models_dir, endpoint=os.environ.get("HF_ENDPOINT") or None,
                           token=config.huggingface_token if config else None, curated_ids=registry.catalog_ids)
-    failed = 0
+    refused: list[str] = []
     for mid in ids:
         try:
             if dry_run:
@@ -119,9 +119,12 @@ def fetch_discovered(ids: list[str], models_dir: Path, registry: Registry, confi
             spec = discovery.ensure(mid)
             print(f"{mid}: in {models_dir / mid} ({spec.task}, {_human(_size(models_dir / mid))})", flush=True)
         except DiscoveryRefused as exc:
-            failed += 1
+            refused.append(mid)
             print(f"{mid}: refused: {exc}", file=sys.stderr)
-    return 1 if failed else 0
+    if refused:
+        print(f"{len(refused)} of {len(ids)} refused: {', '.join(refused)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
