@@ -34,7 +34,7 @@ from hugginggpt.backends import HostedFailure, TaskInputs
 from hugginggpt.backends import hosted as hosted_mod
 from hugginggpt.backends.hosted import HostedInference, Route, plain
 from hugginggpt.backends.local import LocalModelsServer, _cause
-from hugginggpt.backends.normalize import draw_boxes, normalize, overlay_masks, path_key
+from hugginggpt.backends.normalize import BOX_COLORS, draw_boxes, normalize, overlay_masks, path_key
 from hugginggpt.config import load_config
 from hugginggpt.errors import BackendError
 from hugginggpt.resources import Resource
@@ -77,8 +77,8 @@ def opened(public: Path, path: str) -> Path:
 
 class Peer:
     """A loopback HTTP peer on a bare socket. `mode`: "stall" (silence), "dribble" (headers, then a byte every
-    0.1 s, no length said), "cut" (a Content-Length it never fulfils, then it hangs up), "big" (`size` bytes, then silence),
-    "close" (hangs up before answering)."""
+    0.1 s, no length said), "cut" (a Content-Length it never fulfils, then it hangs up), "hold" (a Content-Length it never
+    fulfils, then silence), "big" (`size` bytes, then silence), "close" (hangs up before answering)."""
 
     def __init__(self, mode: str, size: int = 0, seconds: float = 5.0):
         self.mode, self.size, self.seconds = mode, size, seconds
@@ -108,11 +108,13 @@ class Peer:
                 if self.mode == "stall":
                     self.stop.wait(self.seconds)
                     return
-                length = b"Content-Length: 1000\r\n" if self.mode == "cut" else b""
+                length = b"Content-Length: 1000\r\n" if self.mode in ("cut", "hold") else b""
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + length +
                              b"Connection: close\r\n\r\n")
-                if self.mode == "cut":
+                if self.mode in ("cut", "hold"):
                     conn.sendall(b"x" * 10)
+                    if self.mode == "hold":
+                        self.stop.wait(self.seconds)
                     return
                 if self.mode == "big":
                     conn.sendall(b"x" * self.size)
@@ -174,13 +176,15 @@ class Answer:
 class FakeModelsPeer:
     """Our models server on another machine: `answers[model]` for POST /models/<model>, `files["images/x.png"]` for
     GET of a generated file, `status[model]` for /status/<model>, `running` for /running; `token`: every request
-    must carry it. Every request is recorded (method, path, Authorization, Content-Type, body)."""
+    must carry it; `prefix`: the path it is served under (behind a proxy). Every request is recorded (method, path,
+    Authorization, Content-Type, body)."""
 
     answers: dict[str, Answer] = field(default_factory=dict)
     files: dict[str, Answer] = field(default_factory=dict)
     status: dict[str, Answer] = field(default_factory=dict)
     running: Answer = field(default_factory=lambda: Answer(body={"running": True}))
     token: str | None = None
+    prefix: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     def reset(self) -> None:
@@ -189,6 +193,7 @@ class FakeModelsPeer:
         self.status.clear()
         self.running = Answer(body={"running": True})
         self.token = None
+        self.prefix = ""
         self.calls.clear()
 
     def paths(self) -> list[str]:
@@ -220,6 +225,9 @@ class FakeModelsPeer:
                                "json": request.get_json(silent=True), "data": request.get_data()})
             if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
                 return jsonify({"error": "unauthorized"}), 401
+            if not path.startswith(self.prefix):
+                return jsonify({"error": "not found"}), 404
+            path = path.removeprefix(self.prefix)
             if request.method == "POST" and path.startswith("models/"):
                 answer = self.answers.get(path.removeprefix("models/"))
                 return self.send(answer) if answer else (jsonify({"error": {"message": "no such model"}}), 404)
@@ -416,6 +424,21 @@ def test_a_trailing_slash_in_the_address_is_dropped(peer, peer_url, ours):
     assert peer.paths() == ["POST /models/acme/m"]
 
 
+def test_a_models_server_under_a_path_given_with_a_trailing_slash(peer, peer_url, ours):
+    """Behind a proxy at /BOX/, written with its slash: every call goes under that path, with one slash (and the X
+    that ends the path is kept)."""
+    peer.prefix = "BOX/"
+    peer.status["acme/m"] = Answer(body={"loaded": True})
+    peer.answers["acme/m"] = Answer(body={"path": "/images/fox.png"})
+    peer.files["images/fox.png"] = Answer(body=png())
+    backend = local(peer_url + "/BOX/", ours)
+    assert backend.running() is True and backend.is_available("acme/m") is True
+    result = backend.infer("acme/m", TaskInputs("text-to-image", text="a fox"))
+    assert opened(ours, result["generated image"]).read_bytes() == png()
+    assert peer.paths() == ["GET /BOX/running", "GET /BOX/status/acme/m", "POST /BOX/models/acme/m",
+                            "GET /BOX/images/fox.png"]
+
+
 def test_an_unreachable_server_and_a_connection_cut_before_an_answer(ours, peers):
     with pytest.raises(BackendError) as info:
         local("http://127.0.0.1:9", ours).infer("acme/m", TaskInputs("summarization", text="x"))
@@ -583,6 +606,17 @@ def test_a_slow_copy_ends_at_copy_timeout(ours, peers):
     assert time.monotonic() - started < 2.5
 
 
+def test_a_copy_whose_body_stalls_short_of_its_length_ends_at_copy_timeout(ours, peers):
+    """The length said, part of it sent, then silence: the deadline shuts the socket mid-body, and that is named as
+    slowness (not as a broken connection)."""
+    started = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        local(peers("hold").url, ours, copy_timeout=0.6).bring_home("/images/a.png")
+    assert str(info.value) == "copying /images/a.png from the models server took longer than 1s"
+    assert time.monotonic() - started < 2
+    assert not list(ours.rglob("*.*"))
+
+
 def test_a_copy_whose_connect_hangs_ends_at_status_timeout(ours, peers):
     started = time.monotonic()
     with pytest.raises(BackendError) as info:
@@ -722,7 +756,7 @@ def expected_drawing(size, boxes: list[tuple[dict, str, tuple[int, int, int]]]) 
     return image
 
 
-COLORS = [(197, 97, 215), (20, 33, 248)]  # random.Random(0): the same colours for the same labels on every run
+COLORS = BOX_COLORS  # the same colours for the same labels on every run
 
 
 def test_boxes_are_drawn_in_one_colour_per_label_with_the_label_above():
@@ -735,6 +769,14 @@ def test_boxes_are_drawn_in_one_colour_per_label_with_the_label_above():
     want = expected_drawing((60, 50), [(cat1, "cat", COLORS[0]), (dog, "dog", COLORS[1]), (cat2, "cat", COLORS[0])])
     assert got.tobytes() == want.tobytes()
     assert got.getpixel((6, 30)) == COLORS[0] and got.getpixel((7, 30)) == (0, 0, 0)  # 2 px wide
+
+
+def test_each_label_has_its_own_colour_until_the_colours_run_out():
+    assert len(set(BOX_COLORS)) == len(BOX_COLORS) >= 8
+    boxes = [{"label": f"l{n}", "box": {"xmin": 4 * n, "ymin": 20, "xmax": 4 * n + 2, "ymax": 40}}
+             for n in range(len(BOX_COLORS) + 1)]
+    got = drawn(boxes, size=(4 * len(boxes), 45))
+    assert [got.getpixel((4 * n, 30)) for n in range(len(boxes))] == [*BOX_COLORS, BOX_COLORS[0]]
 
 
 def test_a_box_without_a_label_has_no_text():
@@ -755,16 +797,16 @@ def test_an_unreadable_input_image_says_which_image():
 
 
 def test_each_mask_is_tinted_in_its_own_colour_half_transparent():
-    colors = [(30, 80, 40), (127, 137, 191), (224, 194, 86), (65, 251, 237)]
+    colors = [(30, 80, 40), (127, 137, 191), (224, 194, 86), (65, 251, 237), (162, 52, 132)]  # each past 255 once
     for shade in (0, 1):  # both parities: a colour one off would show in one of them
-        base = Image.new("RGB", (8, 2), (shade, shade, shade))
+        base = Image.new("RGB", (10, 2), (shade, shade, shade))
         masks = []
-        for n in range(4):
-            mask = Image.new("L", (8, 2), 0)
+        for n in range(5):
+            mask = Image.new("L", (10, 2), 0)
             mask.putpixel((2 * n, 0), 255)
             masks.append(mask)
         out = overlay_masks(base, masks)
-        assert out.size == (8, 2) and base.getpixel((0, 0)) == (shade, shade, shade)
+        assert out.size == (10, 2) and base.getpixel((0, 0)) == (shade, shade, shade)
         for n, color in enumerate(colors):
             want = Image.blend(Image.new("RGB", (1, 1), (shade,) * 3), Image.new("RGB", (1, 1), color), 0.5)
             assert out.getpixel((2 * n, 0)) == want.getpixel((0, 0)), (shade, n)
@@ -772,6 +814,14 @@ def test_each_mask_is_tinted_in_its_own_colour_half_transparent():
     # a mask of another size covers the image once resized to it
     whole = overlay_masks(Image.new("RGB", (8, 2)), [Image.new("1", (2, 2), 1)])
     assert set(whole.tobytes()[i:i + 3] for i in range(0, 48, 3)) == {bytes((15, 40, 20))}
+
+
+def test_a_mask_in_colour_covers_where_it_is_white():
+    """A mask sent as an RGB picture (a hosted model's PNG) still says where: white covers, black does not."""
+    mask = Image.new("RGB", (4, 2), (0, 0, 0))
+    mask.paste((255, 255, 255), (0, 0, 2, 2))
+    out = overlay_masks(Image.new("RGB", (4, 2)), [mask])
+    assert [out.getpixel((x, 0)) for x in range(4)] == [(15, 40, 20), (15, 40, 20), (0, 0, 0), (0, 0, 0)]
 
 
 # -- hosted: a scriptable endpoint (an own Inference Endpoint, or a Hub and router for odd answers) -----------------
@@ -897,6 +947,7 @@ def test_a_question_and_its_context_are_split(endpoint, endpoint_url, ours):
 @pytest.mark.parametrize("text, pair", [
     ("a\nb | c", ("a", "b | c")), ("a | b|c", ("a", "b|c")), ("a|b vs c", ("a", "b vs c")),
     ("x vs. y vs z", ("x", "y vs z")), ("x vs y", ("x", "y")), ("one\ntwo\nthree", ("one", "two\nthree")),
+    ("a|b | c", ("a|b", "c")),  # " | " before a bare "|": a question may hold a pipe
     ("alone", ("alone", "alone"))])
 def test_a_pair_of_texts_splits_at_its_first_separator(text, pair):
     assert hosted_mod._split_pair(text) == pair
@@ -1022,14 +1073,28 @@ def test_a_provider_silent_past_task_timeout_and_a_request_deadline_that_passes(
                               "(no answer for 1s)"
     assert info.value.final is False and seen == [("endpoint", "timeout")] and time.monotonic() - started < 1.7
     backend = hosted_at(endpoint_url, ours, timeout=10.0)
+    seen.clear()
+    backend.observe_provider = lambda *a: seen.append(a[:2])
     with deadline_scope(time.monotonic() + 0.5), pytest.raises(HostedFailure) as info:
         backend.infer("acme/slow", TaskInputs("text-classification", text="x"))
     assert info.value.tried[0]["error"] == "the endpoint at huggingface.base_url timed out (the deadline passed)"
-    assert info.value.final is True
+    assert info.value.final is True and seen == [("endpoint", "timeout")]
     backend = hosted_at(endpoint_url, ours, timeout=1.0)
     with pytest.raises(HostedFailure) as info:  # no request deadline at all
         backend.infer("acme/slow", TaskInputs("text-classification", text="x"))
     assert info.value.final is False and "(no answer for 1s)" in str(info.value)
+
+
+def test_a_timeout_with_the_requests_deadline_at_most_50_ms_away_is_final(ours):
+    """What is left of the request's deadline when a call times out decides: 50 ms or less, and no other provider
+    could answer in time; more, and the next one is asked."""
+    import httpx2
+
+    backend = hosted_at("http://127.0.0.1:9", ours, timeout=7.0)
+    slow = httpx2.ReadTimeout("slow")
+    assert backend._failure(slow, hosted_mod.ENDPOINT, "acme/x", 0.05) == (
+        "timeout", "the endpoint at huggingface.base_url timed out (the deadline passed)", True)
+    assert backend._failure(slow, "fal-ai", "acme/x", 0.051) == ("timeout", "fal-ai timed out (no answer for 7s)", False)
 
 
 def test_a_dribbling_endpoint_is_cut_at_task_timeout(ours, peers):
@@ -1061,6 +1126,19 @@ def test_an_endpoints_status_says_whether_a_model_is_available(endpoint, endpoin
         "acme/html": False}
     assert {c["authorization"] for c in endpoint.calls} == {f"Bearer {TOKEN}"}
     assert endpoint.calls[0]["path"] == "/status/acme/loaded"
+
+
+def test_an_endpoints_status_sits_beside_its_models_path(endpoint, endpoint_url, ours):
+    """`/status/<id>` under the base, whatever the base's own path holds; a `/models/{model}` template's status is
+    its `/status/{model}`."""
+    endpoint.answers["/models/proxy/status/acme/x"] = Answer(body={"loaded": True})
+    assert hosted_at(endpoint_url + "/models/proxy", ours).is_available("acme/x") is True
+    endpoint.answers["/api/status/acme/x"] = Answer(body={"loaded": True})
+    assert hosted_at(endpoint_url + "/api/models/{model}", ours).is_available("acme/x") is True
+    assert [c["path"] for c in endpoint.calls] == ["/models/proxy/status/acme/x", "/api/status/acme/x"]
+    endpoint.answers["/api/models/acme/x"] = Answer(body=[[{"label": "OK", "score": 1.0}]])
+    assert hosted_at(endpoint_url + "/api/models/{model}", ours).infer(
+        "acme/x", TaskInputs("text-classification", text="x"))["predicted"] == [{"label": "OK", "score": 1.0}]
 
 
 def test_an_endpoints_status_is_bounded_by_status_timeout(ours, peers):

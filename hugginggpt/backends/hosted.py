@@ -117,8 +117,15 @@ class HostedInference:
             return self.base_url.replace("{model}", model_id)
         return f"{self.base_url}/models/{model_id}"
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+    def status_url(self, model_id: str) -> str:
+        """JARVIS's `/status/<id>` beside its `/models/<id>` (in a template, `/models/{model}` is `/status/{model}`;
+        a template without it is asked at the model's own URL)."""
+        if "{model}" in self.base_url:
+            return self.base_url.replace("/models/{model}", "/status/{model}").replace("{model}", model_id)
+        return f"{self.base_url}/status/{model_id}"
+
+    def _headers(self) -> dict[str, str]:  # asked for only with a token
+        return {"Authorization": f"Bearer {self.token}"}  # pragma: no mutate: header names are case-insensitive
 
     def is_available(self, model_id: str) -> bool:
         """A custom base URL answers JARVIS's `/status/<id>`; otherwise some allowed provider must serve the
@@ -128,9 +135,8 @@ class HostedInference:
         try:
             with deadline_scope(time.monotonic() + self.status_timeout):
                 if self.custom_base:
-                    url = self.model_url(model_id).replace("/models/", "/status/", 1)
-                    resp = self._http.get(url, headers=self._headers(), timeout=self.status_timeout,
-                                          proxies=self.proxies)
+                    resp = self._http.get(self.status_url(model_id), headers=self._headers(),
+                                          timeout=self.status_timeout, proxies=self.proxies)
                     data = resp.json() if resp.status_code == 200 else {}
                     return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
                 return bool(self.routes(model_id))
@@ -314,7 +320,7 @@ def _callable_tasks() -> dict[str, set[str]]:
 
 def _status_of(exc: BaseException | None) -> int | None:
     """The HTTP status of the response an error came from, anywhere in the chain."""
-    for _ in range(10):
+    for _ in range(10):  # pragma: no mutate: a bound on the chain's length (a cause may loop); any will do
         if exc is None:
             return None
         response = getattr(exc, "response", None)
@@ -363,7 +369,7 @@ def _timed_out(exc: BaseException | None) -> bool:
     import httpx2
     from huggingface_hub.errors import InferenceTimeoutError
 
-    for _ in range(10):
+    for _ in range(10):  # pragma: no mutate: a bound on the chain's length (a cause may loop); any will do
         if exc is None:
             return False
         if isinstance(exc, (httpx2.TimeoutException, InferenceTimeoutError)):
@@ -411,9 +417,8 @@ def _object_detection(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict
 
 
 def _audio_to_audio(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:
-    out = c.audio_to_audio(_need(i, "audio"), model=m)
-    blob = out[0].blob if isinstance(out[0].blob, bytes) else base64.b64decode(out[0].blob)
-    return {"generated audio": save_bytes(h.public_dir, "audio", blob, "flac"), "predicted": [o.label for o in out]}
+    out = c.audio_to_audio(_need(i, "audio"), model=m)  # the client decodes each base64 blob to bytes
+    return {"generated audio": save_bytes(h.public_dir, "audio", out[0].blob, "flac"), "predicted": [o.label for o in out]}
 
 
 def _chat(h: HostedInference, c: Any, m: str, i: TaskInputs) -> dict[str, Any]:

@@ -35,7 +35,8 @@ class LocalModelsServer:
     def __init__(self, base_url: str, public_dir: Path,
                  status_timeout: float = 2.0, task_timeout: float = 300.0,  # pragma: no mutate: the server passes all
                  token: str | None = None, policy: UrlPolicy | None = None, max_output_bytes: int = 200 * 1024 * 1024,
-                 copy_timeout: float = 60.0, connections: int = 64):  # pragma: no mutate: the server passes all
+                 copy_timeout: float = 60.0, connections: int = 64,  # pragma: no mutate: the server passes all
+                 ):
         """connections: kept-alive connections to the models server, about the requests in flight at once (a
         smaller pool closes and reopens a connection per call under load, and says so in the log)."""
         self.base_url = base_url.rstrip("/")
@@ -50,13 +51,17 @@ class LocalModelsServer:
         # endpoint: no proxy from the environment, no redirects followed, no retries (a task is not repeated).
         # Connections obey `deadline_scope`: a peer that dribbles bytes cannot stretch a call past its deadline.
         self._http = urllib3.PoolManager(maxsize=max(10, connections), retries=False,
-                                         num_pools=2, ca_certs=certifi.where())  # pragma: no mutate: one host; no TLS in tests
+                                         num_pools=2, ca_certs=certifi.where(),  # pragma: no mutate: one host; no TLS in tests
+                                         )
         self._http.pool_classes_by_scheme = WATCHED_POOL_CLASSES
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {
+            "Authorization": f"Bearer {token}",  # pragma: no mutate: header names are case-insensitive
+        } if token else {}
 
     def _get_json(self, path: str) -> tuple[int, Any]:
-        resp = self._http.request("GET", self.base_url + path, headers=self._headers,
-                                  timeout=urllib3.Timeout(total=self.status_timeout))
+        resp = self._http.request(
+            "GET",  # pragma: no mutate: urllib3 upper-cases the method
+            self.base_url + path, headers=self._headers, timeout=urllib3.Timeout(total=self.status_timeout))
         return resp.status, json.loads(resp.data)
 
     def running(self) -> bool:
@@ -73,7 +78,7 @@ class LocalModelsServer:
         except (urllib3.exceptions.HTTPError, ValueError, AttributeError):
             return False
 
-    def body(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
+    def body(self, inputs: TaskInputs) -> dict[str, Any]:
         """JARVIS's request bodies; resources travel as data URIs so the server needs no shared disk."""
         body: dict[str, Any] = {}
         if inputs.image is not None:
@@ -86,7 +91,7 @@ class LocalModelsServer:
 
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
         url = f"{self.base_url}/models/{quote(model_id)}"
-        body = json.dumps(self.body(model_id, inputs)).encode()  # ASCII: a lone surrogate travels as \ud800
+        body = json.dumps(self.body(inputs)).encode()  # ASCII: a lone surrogate travels as \ud800
         # task_timeout is the whole call's deadline (or the request's, if that comes first), not a per-read timeout
         own_deadline = time.monotonic() + self.task_timeout
         with deadline_scope(own_deadline) as watch:
@@ -95,11 +100,14 @@ class LocalModelsServer:
             else:
                 timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
             try:
-                resp = self._http.request("POST", url, body=body,
-                                          headers={**self._headers, "Content-Type": "application/json"},
-                                          timeout=urllib3.Timeout(
-                                              connect=self.task_timeout,
-                                              read=self.task_timeout))  # pragma: no mutate: the deadline comes first
+                resp = self._http.request(
+                    "POST",  # pragma: no mutate: urllib3 upper-cases the method
+                    url, body=body,
+                    headers={**self._headers,
+                             "Content-Type": "application/json"},  # pragma: no mutate: header names are case-insensitive
+                    timeout=urllib3.Timeout(connect=self.task_timeout,
+                                            read=self.task_timeout,  # pragma: no mutate: the deadline comes first
+                                            ))
             except urllib3.exceptions.NewConnectionError:  # a subclass of TimeoutError, but nothing timed out
                 raise BackendError("the local models server is unreachable (ConnectionError)") from None
             except urllib3.exceptions.TimeoutError:
@@ -111,9 +119,11 @@ class LocalModelsServer:
             if watch is not None and watch.fired:  # a body sent without a length, cut at the deadline, ends "whole"
                 raise BackendError(timed_out)
         if 300 <= resp.status < 400:  # not followed: the configured address is the one that is trusted
+            location = resp.headers.get(
+                "Location",  # pragma: no mutate: header names are case-insensitive
+                "?")
             raise BackendError(f"the local models server answered HTTP {resp.status} (a redirect to "
-                               f"{str(resp.headers.get('Location', '?'))[:200]!r}): set local_inference_endpoint "
-                               "to the address that answers")
+                               f"{location[:200]!r}): set local_inference_endpoint to the address that answers")
         try:
             raw = json.loads(resp.data)
         except ValueError:
@@ -146,15 +156,18 @@ class LocalModelsServer:
         slow = f"copying {named} from the models server took longer than {self.copy_timeout:.0f}s"
         try:
             with deadline_scope(time.monotonic() + self.copy_timeout) as watch:
-                resp = self._http.request("GET", url, headers=self._headers, preload_content=False,
-                                          timeout=urllib3.Timeout(
-                                              connect=self.status_timeout,
-                                              read=self.copy_timeout))  # pragma: no mutate: the deadline comes first
+                resp = self._http.request(
+                    "GET",  # pragma: no mutate: urllib3 upper-cases the method
+                    url, headers=self._headers,
+                    preload_content=False,  # pragma: no mutate: None reads as False to urllib3
+                    timeout=urllib3.Timeout(connect=self.status_timeout,
+                                            read=self.copy_timeout,  # pragma: no mutate: the deadline comes first
+                                            ))
                 try:
                     if resp.status != 200:
                         raise BackendError(f"copying {named} from the models server failed: HTTP {resp.status}")
                     chunks, size = [], 0
-                    for chunk in resp.stream(65536):
+                    for chunk in resp.stream():  # 64 KiB at a time
                         size += len(chunk)
                         if size > self.max_output_bytes:
                             raise BackendError(f"{named} on the models server is larger than the "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,10 @@ PATH_KEY_BY_TASK = {
     "text-to-speech": "generated audio",
     "audio-to-audio": "generated audio",
 }
+# The colours of a drawing's labels, one per label in turn: any distinct colours will do (these are the ones
+# random.Random(0) gave the first twelve labels before).
+BOX_COLORS = ((197, 97, 215), (20, 33, 248), (207, 100, 155), (244, 45, 111), (71, 36, 71), (48, 79, 128),
+              (75, 39, 50), (37, 87, 169), (241, 71, 51), (181, 55, 161), (104, 70, 244), (226, 66, 133))
 
 
 def path_key(task: str) -> str:
@@ -47,14 +50,13 @@ def draw_boxes(inputs: TaskInputs, predicted: list[dict[str, Any]], public_dir: 
 
     image = decode_image(inputs.image.data, what="the input image")
     draw = ImageDraw.Draw(image)
-    rng = random.Random(0)
     colors: dict[str, tuple[int, int, int]] = {}
     for item in predicted:
         box = item.get("box") if isinstance(item, dict) else None
         if not box:
             continue
         label = str(item.get("label", ""))
-        color = colors.setdefault(label, (rng.randint(0, 255), rng.randint(0, 100), rng.randint(0, 255)))
+        color = colors.setdefault(label, BOX_COLORS[len(colors) % len(BOX_COLORS)])
         draw.rectangle(((box["xmin"], box["ymin"]), (box["xmax"], box["ymax"])), outline=color, width=2)
         draw.text((box["xmin"] + 3, max(0, box["ymin"] - 12)), label, fill=color)
     return save_image(public_dir, image)
