@@ -207,8 +207,9 @@ def worker_main(spec: WorkerSpec) -> None:
     config = spec.config
     setup_logging(config.debug, config.log_file, tag=f"w{spec.index}")
     app = worker_app(spec)
-    sys.exit(serve(app, spec.host, spec.port, threads=worker_threads(config),
-                   limits=worker_limits(config, spec.workers), sockets=spec.sockets))
+    sys.exit(serve(app,
+                   spec.host, spec.port,  # pragma: no mutate: with sockets given, they only name them
+                   threads=worker_threads(config), limits=worker_limits(config, spec.workers), sockets=spec.sockets))
 
 
 class Supervisor:
@@ -258,14 +259,14 @@ class Supervisor:
 
             procs.append(start(0))
             deadline = time.monotonic() + WARM_WAIT_SECONDS
-            while not self._stop.is_set() and not warmed.is_set() and time.monotonic() < deadline:
+            while not self._stop.is_set() and not warmed.is_set() and time.monotonic() < deadline:  # pragma: no mutate: a tick
                 if procs[0].exitcode is not None:
                     break  # its exit is handled (restarted) below, like any other
-                warmed.wait(0.2)
+                warmed.wait(0.2)  # pragma: no mutate: how often the first worker is looked at while it warms
             if self._stop.is_set():
                 return 0
             procs.extend(start(i) for i in range(1, self.count))
-            return self._watch(procs, start, started, held, metrics_dir)
+            return self._watch(procs, start, started, held, metrics_dir)  # pragma: no mutate: None reads METRICS_ENV: the same
         except OSError as exc:  # no shared memory for the counts (a container without /dev/shm), no temp folder
             print(f"error: starting the worker processes failed ({exc}); set http_workers: 1 to run one process",
                   file=sys.stderr)
