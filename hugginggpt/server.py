@@ -295,11 +295,13 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         return send_from_directory(WEB_DIR, "favicon.svg", mimetype="image/svg+xml", max_age=86400)
     app.add_url_rule("/favicon.ico", view_func=favicon)
 
+    # a POST route's path asked with GET comes here (a GET route of its own would have matched): say what it takes
+    takes = {rule.rule: "a file (multipart/form-data)" if rule.rule == "/upload" else "a JSON body"
+             for rule in app.url_map.iter_rules()}
+
     def public_files(filename: str) -> Response:
-        # a route's path asked with GET (a route of its own would have matched): /hugginggpt, /v1/chat/completions
-        if any(rule.rule == "/" + filename for rule in app.url_map.iter_rules()):
-            body = "a file (multipart/form-data)" if filename == "upload" else "a JSON body"
-            return error_response(f"/{filename} takes POST with {body}", 405, "invalid_request_error")
+        if "/" + filename in takes:
+            return error_response(f"/{filename} takes POST with {takes['/' + filename]}", 405, "invalid_request_error")
         return send_public_file(public, filename)
     app.add_url_rule("/<path:filename>", view_func=public_files)
 
