@@ -1198,6 +1198,7 @@ def test_a_resumed_pass_that_reached_per_task_lists_nothing_and_completes(hash_s
     assert client.listings == [] and report.pages == 0 and report.resumed
     state = hash_store.sync_state("translation")
     assert state["next_url"] is None and state["mode"] is None and state["completed_at"] is not None
+    assert state["fetched"] == 0  # no pass in progress: nothing fetched by one
     assert state["watermark"] == "2024-12-31T23:00:00+00:00"  # the pass's start, less an hour for clock skew
 
 
@@ -2391,9 +2392,24 @@ def test_a_failed_quantization_embeds_in_float32(tmp_path, monkeypatch, caplog):
                                embedding.OnnxEncoder(folder, None, precision="fp32").encode(["a text"]), atol=1e-6)
 
 
+def graph_signature(path):
+    """An ONNX graph's opsets, and its inputs' and outputs' names and dimensions."""
+    onnx = pytest.importorskip("onnx")
+    model = onnx.load(str(path), load_external_data=False)
+
+    def dims(value):
+        return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+    return ([(o.domain, o.version) for o in model.opset_import], [(i.name, dims(i)) for i in model.graph.input],
+            [(o.name, dims(o)) for o in model.graph.output])
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """The MiniLM graph exported here (torch, a few seconds): into new folders, then again into an existing one."""
+    """The MiniLM graph exported here (torch, a few seconds): into new folders, then again into an existing one.
+
+    Each export has the shipped graph's inputs, outputs and opset (checked here, not in a test of its own: mutmut
+    counts a module fixture's calls for the test that first needs it, and runs only that one for a mutant)."""
     from hugginggpt.catalog.embedding import _digest, export_onnx
 
     folder = model_folder()
@@ -2405,6 +2421,10 @@ def exported(tmp_path_factory):
     again = cache / "new" / "again" / name
     again.parent.mkdir()
     assert export_onnx(folder, again) == again  # the folder is there already
+    shipped = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
+    expected = ([("", 17)], [(i, ["batch", "tokens"]) for i in ("input_ids", "attention_mask", "token_type_ids")],
+                [("last_hidden_state", ["batch", "tokens", 384])])
+    assert graph_signature(target) == graph_signature(again) == graph_signature(shipped) == expected
     return folder, target.parent
 
 
@@ -2593,27 +2613,6 @@ def test_rows_searches_read_are_kept_until_there_are_more_than_row_cache(tmp_pat
     store.close()
 
 
-def test_the_exported_graph_has_the_shipped_graphs_inputs_outputs_and_opset(exported):
-    onnx = pytest.importorskip("onnx")
-    folder, cache = exported
-    shipped = next(p for p in folder.glob("minilm-*.onnx") if not p.stem.endswith("-int8"))
-
-    def signature(path):
-        model = onnx.load(str(path), load_external_data=False)
-
-        def dims(value):
-            return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
-
-        return ([(o.domain, o.version) for o in model.opset_import], [(i.name, dims(i)) for i in model.graph.input],
-                [(o.name, dims(o)) for o in model.graph.output])
-
-    ours = signature(next(cache.glob("minilm-*.onnx")))
-    assert ours == signature(shipped)
-    assert ours == ([("", 17)], [(name, ["batch", "tokens"]) for name in ("input_ids", "attention_mask",
-                                                                          "token_type_ids")],
-                    [("last_hidden_state", ["batch", "tokens", 384])])
-
-
 def test_a_size_cap_holds_when_fewer_models_than_the_shortlist_fit_it(tmp_path):
     # more cards than `rescore`: the bit scan shortlists `rescore` of them, and models over the cap were read
     # (and offered) whenever fewer than that were within it
@@ -2642,3 +2641,302 @@ def test_among_many_candidates_the_first_stage_weighs_size_against_the_budget(tm
     assert [c.card.id for c in found] == ["org/unknown-size"]
     assert found[0].factors.size == 0.5
     store.close()
+
+
+# ---------------------------------------------------------------------------------------------- the second catalog audit
+# Survivors of the catalog's in-process run outside the store (sync, hub_api, semantic, scoring, embedders,
+# embedding, cards): each test below fails with one or more of them.
+
+
+def test_a_changes_pass_keeps_a_model_without_a_modification_time(hash_store):
+    from datetime import UTC, datetime
+
+    from hugginggpt.catalog.sync import sync_task
+
+    sync_task(hash_store, FakeClient([[hub_item("a/1")]]), "translation", now=datetime(2025, 1, 10, tzinfo=UTC))
+    undated = hub_item("a/undated", modified=None)
+    report = sync_task(hash_store, FakeClient([[undated]]), "translation")  # now: the clock's, in UTC
+    assert report.mode == "changes" and report.fetched == 1  # no time given: counted as changed now
+    assert hash_store.known_ids(["a/undated"]) == {"a/undated"}
+
+
+def test_a_full_pass_comes_once_the_last_is_more_than_full_every_days_old(hash_store, monkeypatch):
+    import hugginggpt.catalog.sync as sync_mod
+
+    def mode_at(seconds_after):
+        hash_store.set_sync_state("translation", watermark="2025-01-01T00:00:00+00:00", completed_at=1_000_000.0)
+        monkeypatch.setattr(sync_mod.time, "time", lambda: 1_000_000.0 + seconds_after)
+        return sync_mod.sync_task(hash_store, FakeClient([[]]), "translation").mode
+
+    assert sync_mod.FULL_EVERY_DAYS == 7.0
+    assert mode_at(7 * 86400) == "changes"  # exactly seven days: not yet
+    assert mode_at(7 * 86400 + 1) == "full"
+
+
+def test_a_pass_stopped_after_a_page_of_other_tasks_resumes_with_none_counted(hash_store):
+    from hugginggpt.catalog.sync import sync_task
+
+    client = FakeClient([[hub_item("s/1", task="summarization")], [hub_item("a/1")], [hub_item("a/2")]])
+
+    def stop(pages):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sync_task(hash_store, client, "translation", per_task=1, on_page=stop)
+    assert hash_store.sync_state("translation")["fetched"] == 0
+    report = sync_task(hash_store, client, "translation", per_task=1)
+    assert report.resumed and report.fetched == 1 and hash_store.known_ids(["a/1", "a/2"]) == {"a/1"}
+
+
+def test_a_model_without_a_pipeline_tag_is_kept_under_the_task_it_was_listed_for(hash_store):
+    from hugginggpt.catalog.sync import sync_task
+
+    untagged = hub_item("a/untagged")
+    untagged.pipeline_tag = None
+    report = sync_task(hash_store, FakeClient([[untagged]]), "translation")
+    assert report.fetched == 1 and hash_store.get("a/untagged").card.task == "translation"
+
+
+def test_a_changes_pass_reads_on_while_every_model_of_a_page_changed(hash_store):
+    from datetime import UTC, datetime
+
+    from hugginggpt.catalog.sync import sync_task
+
+    sync_task(hash_store, FakeClient([[hub_item("a/1")]]), "translation", now=datetime(2025, 1, 10, tzinfo=UTC))
+    client = FakeClient([[hub_item("a/new1", modified="2025-01-12T00:00:00Z")],
+                         [hub_item("a/new2", modified="2025-01-11T00:00:00Z")],
+                         [hub_item("a/old", modified="2025-01-01T00:00:00Z")]])
+    out = io.StringIO()
+    report = sync_task(hash_store, client, "translation", per_task=5, progress=Progress(out, every=0),
+                       now=datetime(2025, 1, 13, tzinfo=UTC))
+    assert report.mode == "changes" and report.pages == 3 and report.fetched == 2
+    assert hash_store.known_ids(["a/new1", "a/new2", "a/old"]) == {"a/new1", "a/new2"}
+    # a changes pass has no total to count down to (per_task is the size of a full pass)
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == [
+        "[sync] translation: 1 cards", "[sync] translation: 2 cards", "[sync] translation: 2 cards"]
+
+
+def test_a_store_without_an_embedder_is_synced_without_vectors(tmp_path):
+    from hugginggpt.catalog.sync import sync_task
+
+    store = CatalogStore.open(tmp_path / "plain.sqlite", None)
+    report = sync_task(store, FakeClient([[hub_item("a/1"), hub_item("a/2")]]), "translation")
+    assert (report.fetched, report.written, report.embedded) == (2, 2, 0)
+    assert store.known_ids(["a/1", "a/2"]) == {"a/1", "a/2"}
+    store.close()
+
+
+def test_each_page_is_stored_with_its_vectors(hash_store):
+    from hugginggpt.catalog.sync import sync_task
+
+    report = sync_task(hash_store, FakeClient([[hub_item("a/1"), hub_item("a/2")]]), "translation")
+    assert report.embedded == 2 and hash_store.pending_count() == 0  # nothing left for embed_pending
+
+
+def test_an_embedder_that_loses_a_text_stops_the_page_before_it_is_written(tmp_path):
+    from hugginggpt.catalog.sync import sync_task
+
+    class Lossy(HashEmbedder):
+        def embed(self, texts):
+            return super().embed(texts)[:-1]
+
+    store = CatalogStore.open(tmp_path / "lossy.sqlite", Lossy(16))
+    with pytest.raises(ValueError):
+        sync_task(store, FakeClient([[hub_item("a/1"), hub_item("a/2")]]), "translation")
+    assert store.known_ids(["a/1", "a/2"]) == set()  # no row stored without its vector, none with another's
+    store.close()
+
+
+def test_the_last_progress_line_of_a_task_is_always_written(hash_store, monkeypatch):
+    import hugginggpt.catalog.sync as sync_mod
+
+    monkeypatch.setattr(sync_mod.time, "monotonic", lambda: 10_000.0)
+    out = io.StringIO()
+    sync_mod.sync_task(hash_store, FakeClient([[hub_item("a/1")], [hub_item("a/2")]]), "translation",
+                       progress=Progress(out, every=100.0))
+    # the second page comes within `every` of the first line, but it ends the task
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == [
+        "[sync] translation: 1 cards", "[sync] translation: 2 cards"]
+
+
+def test_sync_hands_its_options_to_every_task(hash_store):
+    from hugginggpt.catalog.sync import sync
+
+    client = FakeClient([[hub_item("a/1", downloads=9), hub_item("a/2", downloads=8)], [hub_item("a/3")]])
+    out, pages = io.StringIO(), []
+    report = sync(hash_store, client, ["translation"], per_task=1, progress=Progress(out, every=0),
+                  on_page=pages.append)
+    assert report.tasks["translation"].fetched == 1 and pages == [1]
+    assert hash_store.known_ids(["a/1", "a/2", "a/3"]) == {"a/1"}
+    assert [line.split(",")[0] for line in out.getvalue().splitlines()] == ["[sync] translation: 1/1 cards"]
+    assert sync(hash_store, client, ["translation"]).tasks["translation"].mode == "changes"  # full: no by default
+    assert sync(hash_store, client, ["translation"], full=True).tasks["translation"].mode == "full"
+
+
+def test_sync_reports_the_seconds_it_took(hash_store, monkeypatch):
+    import itertools
+
+    import hugginggpt.catalog.sync as sync_mod
+
+    clock = itertools.count(50_000.0, 0.25)
+    monkeypatch.setattr(sync_mod.time, "monotonic", lambda: next(clock))
+    report = sync_mod.sync(hash_store, FakeClient([[hub_item("a/1")]]), ["translation"])
+    assert 0 < report.seconds < 100
+
+
+def test_times_are_written_in_utc_whatever_the_local_zone(monkeypatch):
+    from datetime import datetime, timedelta, timezone
+
+    from hugginggpt.catalog.sync import _iso
+
+    monkeypatch.setenv("TZ", "XYZ-3")  # three hours east of UTC, without a zone database
+    time.tzset()
+    try:
+        assert _iso(datetime(2024, 1, 2, 5, 4, 5, tzinfo=timezone(timedelta(hours=2)))) == "2024-01-02T03:04:05+00:00"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_the_description_of_a_model_without_an_owner_and_of_tag_only_metadata():
+    assert hub_row(info(id="gpt2", pipeline_tag="text-generation"))["description"].startswith(
+        "gpt2: a model text generation model")
+    row = hub_row(info(tags=["base_model:finetune:org/base", "dataset:org/set:v2"], pipeline_tag="translation"))
+    # the base model is the tag's last part; a dataset is all after the first colon
+    assert row["description"] == ("my model v2: a model translation model by org, fine-tuned from org/base, "
+                                  "trained on org/set:v2.")
+
+
+def test_the_hub_endpoint_loses_only_its_trailing_slashes():
+    assert HubClient(endpoint="http://MIRROR.BOX/").endpoint == "http://MIRROR.BOX"
+
+
+def test_hub_requests_name_the_catalog_as_their_library(monkeypatch):
+    c = HubClient(endpoint="http://hub.test", token="hf_secret")
+    assert c._headers()["user-agent"].startswith("hugginggpt-catalog/")
+
+
+def test_the_semantic_ranker_runs_on_the_cpu_unless_told(monkeypatch):
+    import hugginggpt.catalog.semantic as semantic
+
+    loads = []
+    monkeypatch.setattr(semantic, "load_encoder", lambda path, cache_dir, device, precision: loads.append(device)
+                        or WordEncoder(precision))
+    SemanticRanker(Path("/m"), None).load()
+    assert loads == ["cpu"]
+
+
+class NoPrecisionEncoder:
+    def encode(self, texts, max_tokens=64):
+        return np.ones((len(texts), 5), dtype=np.float32)
+
+
+@pytest.mark.parametrize("encoder, wanted", [(WordEncoder("int8"), "int8"), (WordEncoder("fp32"), "fp32"),
+                                             (NoPrecisionEncoder(), "fp32")])
+def test_an_encoder_of_the_precision_asked_for_keeps_the_card_vectors(monkeypatch, encoder, wanted):
+    import hugginggpt.catalog.semantic as semantic
+
+    monkeypatch.setattr(semantic, "load_encoder", lambda *a: encoder)
+    r = SemanticRanker(Path("/m"), None, precision=wanted)
+    r._card_vectors["kept"] = np.zeros(5)
+    stacks = r._stacks
+    r.load()
+    assert r.wanted_precision == wanted and r.precision == wanted  # an encoder without one is float32
+    assert "kept" in r._card_vectors and r._stacks is stacks
+
+
+def test_after_falling_back_to_float32_the_ranker_ranks_again(monkeypatch):
+    import hugginggpt.catalog.semantic as semantic
+
+    monkeypatch.setattr(semantic, "load_encoder", lambda *a: WordEncoder("fp32"))  # int8 failed
+    r = SemanticRanker(Path("/m"), None)
+    cards = [card("org/g", description="german"), card("org/e", description="english")]
+    for _ in range(2):
+        assert [c.id for c, _ in r.rank(RankQuery("translation", "english"), cards)] == ["org/e", "org/g"]
+
+
+def test_a_query_without_a_language_adds_no_language_term():
+    german = card("org/g", description="german", language=("de",))
+    r, _ = semantic_ranker()
+    [(_, score)] = r.rank(RankQuery("translation", "speech"), [german])
+    assert score == pytest.approx(0.0)  # not -0.15 for "the wrong language"
+
+
+def test_the_card_cache_file_name_is_the_one_earlier_versions_wrote(tmp_path):
+    # the name is the key on disk: a file written before int8 existed (float32, no precision in the key) and
+    # one written since are found again after an upgrade, so a catalog is not re-embedded for nothing
+    cards = [card("org/german", description="german"), card("org/english", description="english")]
+
+    def name(precision):
+        digest = hashlib.sha256(b"minilm" + (b"" if precision == "fp32" else f"\0{precision}".encode()))
+        for c in cards:
+            digest.update(c.id.encode() + b"\0" + c.text().encode() + b"\n")
+        return f"card-embeddings-{digest.hexdigest()[:16]}.npz"
+
+    for precision in ("fp32", "int8"):
+        r, _ = semantic_ranker(tmp_path, encoder=WordEncoder(precision))
+        assert r._cache_file(cards) == tmp_path / name(precision)
+
+
+def test_a_cache_file_with_more_keys_than_vectors_is_an_error(tmp_path):
+    cards = [card("org/german", description="german"), card("org/english", description="english")]
+    r, enc = semantic_ranker(tmp_path)
+    np.savez(r._cache_file(cards), keys=np.array([c.id + c.task for c in cards]), vectors=np.zeros((1, 5)))
+    with pytest.raises(ValueError):
+        r.warm(cards)
+
+
+def test_an_encoder_that_loses_a_card_is_an_error(tmp_path):
+    r, enc = semantic_ranker(tmp_path)
+    real = enc.encode
+    enc.encode = lambda texts, max_tokens=64: real(texts, max_tokens)[:-1]
+    with pytest.raises(ValueError):
+        r.warm([card("org/german", description="german"), card("org/english", description="english")])
+
+
+def test_the_card_cache_folder_is_made_with_its_parents(tmp_path):
+    cards = [card("org/german", description="german")]
+    r, _ = semantic_ranker(tmp_path / "new" / "deeper")
+    r.warm(cards)
+    assert r._cache_file(cards).is_file()
+
+
+def test_popularity_of_counts_in_any_integer_type():
+    # counts read as int32 at their largest must not wrap around to a negative number (and NaN)
+    top, none = np.array([2**31 - 1], dtype=np.int32), np.zeros(1, dtype=np.int32)
+    np.testing.assert_allclose(popularity(top, none), [1.0])  # log10(2**31) / 4 / 2, capped
+    np.testing.assert_allclose(popularity(none, top), [math.log10(2**31) / 8 / 2])
+
+
+def test_the_torch_fallback_is_said_in_the_log_word_for_word(fake_sentence_transformers, monkeypatch, caplog):
+    import logging
+
+    import hugginggpt.catalog.embedding as embedding
+
+    def no_onnx(*a, **kw):
+        raise ImportError("No module named 'onnxruntime'")
+
+    def broken(*a, **kw):
+        raise RuntimeError("export failed")
+
+    monkeypatch.setattr(embedding, "OnnxEncoder", no_onnx)
+    with caplog.at_level(logging.INFO, logger="hugginggpt.catalog.embedding"):
+        embedding.load_encoder(Path("/m"), None)
+        monkeypatch.setattr(embedding, "OnnxEncoder", broken)
+        enc = embedding.load_encoder(Path("/models/minilm"), None)
+    assert caplog.messages == ["onnxruntime is not installed (No module named 'onnxruntime'); embedding with torch",
+                               "building the ONNX encoder failed; embedding with torch"]
+    assert (enc.model.path, enc.model.device) == ("/models/minilm", "cpu")  # the same model, on the CPU by default
+
+
+def test_the_catalog_ranks_with_the_query_it_was_given():
+    seen = []
+
+    class Recording(PopularityRanker):
+        def rank(self, query, cards):
+            seen.append(query)
+            return super().rank(query, cards)
+
+    q = RankQuery("translation", "german", language="de")
+    Catalog([card("a")]).ranked(q, Recording(), 5)
+    assert seen == [q]

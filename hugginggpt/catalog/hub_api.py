@@ -68,19 +68,14 @@ class HubClient:
             r = self._get(url, params)
             params = None  # the next link carries its own query
             nxt = r.links.get("next", {}).get("url")
-            items = []
-            for item in r.json():
-                item.setdefault("siblings", None)
-                items.append(ModelInfo(**item))
-            yield Page(items, nxt)
+            yield Page([ModelInfo(**item) for item in r.json()], nxt)
             url = nxt
 
 
 def hub_row(info, task: str | None = None) -> dict[str, Any]:
     """A catalog row from a `ModelInfo` (listing fields only: no README is fetched)."""
     tags = list(info.tags or [])
-    card = info.card_data.to_dict() if info.card_data is not None and hasattr(info.card_data, "to_dict") else (
-        info.card_data or {})
+    card = info.card_data or {}  # a ModelCardData reads like a dict (`get`): no deep copy per row
     langs = card.get("language") or [t for t in tags if len(t) in LANG_TAG_LEN and t.isalpha() and t.islower()]
     if isinstance(langs, str):
         langs = [langs]
@@ -88,8 +83,8 @@ def hub_row(info, task: str | None = None) -> dict[str, Any]:
     params = weight_bytes = None
     st = info.safetensors
     if st is not None:
-        params = int(getattr(st, "total", 0) or 0) or None
-        by_dtype = getattr(st, "parameters", None) or {}
+        params = int(st.total or 0) or None
+        by_dtype = st.parameters or {}
         weight_bytes = sum(DTYPE_BYTES.get(k, 4) * int(v) for k, v in by_dtype.items()) or None
     providers = sorted({m.provider for m in (info.inference_provider_mapping or [])
                         if getattr(m, "status", "live") == "live"})
@@ -105,11 +100,11 @@ def hub_row(info, task: str | None = None) -> dict[str, Any]:
     }
 
 
-def describe(info, task: str, tags: list[str], card: dict[str, Any]) -> str:
+def describe(info, task: str, tags: list[str], card: Any) -> str:
     """A short description from the listing's metadata: what it is, built on what, trained on what."""
     name = info.id.split("/")[-1].replace("-", " ").replace("_", " ")
     parts = [f"{name}: a {info.library_name or 'model'} {task.replace('-', ' ')} model by {info.id.split('/')[0]}"]
-    base = card.get("base_model") or [t.split(":")[-1] for t in tags if t.startswith("base_model:")][:1]
+    base = card.get("base_model") or next((t.split(":")[-1] for t in tags if t.startswith("base_model:")), None)
     if base:
         parts.append(f"fine-tuned from {base if isinstance(base, str) else base[0]}")
     datasets = [t.split(":", 1)[1] for t in tags if t.startswith("dataset:")][:3]

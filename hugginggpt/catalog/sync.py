@@ -93,7 +93,7 @@ def _iso(dt: datetime) -> str:
 def _parse(value: str | None) -> datetime | None:
     if not value:
         return None
-    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    dt = datetime.fromisoformat(value)  # Python 3.11 reads the Hub's "Z" itself
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
@@ -110,14 +110,15 @@ def sync_task(store: CatalogStore, client: HubClient, task: str, *, per_task: in
     else:
         report.mode = "full" if full or stale or state["watermark"] is None else "changes"
         fetched, started = 0, _iso(now)
-        store.set_sync_state(task, mode=report.mode, next_url=None, fetched=0, pass_started=started)
+        # next_url and fetched are clear already: the end of every pass clears them
+        store.set_sync_state(task, mode=report.mode, pass_started=started)
     watermark = _parse(state["watermark"])
     sort = "downloads" if report.mode == "full" else "lastModified"
     if per_task is not None and report.mode == "full" and fetched >= per_task:
         pages: Any = []
     else:
         pages = client.pages(task, sort=sort, start_url=state["next_url"], page_size=page_size)
-    done = False
+    done = False  # pragma: no mutate: None reads as False wherever done is read
     for page in pages:
         rows = [hub_row(info, task) for info in page.items]
         rows = [r for r in rows if r["task"] == task]
@@ -127,7 +128,7 @@ def sync_task(store: CatalogStore, client: HubClient, task: str, *, per_task: in
             done = len(changed) < len(rows)  # sorted newest first: the rest is older
             rows = _worth_keeping(store, task, changed, per_task)
         elif per_task is not None:
-            rows = rows[:max(per_task - fetched, 0)]
+            rows = rows[:per_task - fetched]  # fewer than per_task fetched so far: see above
             done = fetched + len(rows) >= per_task
         done = done or page.next_url is None
         write, _ = store.diff(rows)
