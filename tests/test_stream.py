@@ -119,7 +119,7 @@ def test_fallback_to_the_next_model_stops_once_the_request_is_cancelled(server, 
         if line.startswith("event: task_started"):
             break
     resp.close()  # the client goes away while the first candidate runs
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # wide: a busy machine is slow to see the socket close
     while server.logs().count("client went away") == went_away or not models.calls:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
@@ -141,7 +141,7 @@ def test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned(serve
         if line.startswith("data: ") and '"event": "task_failed"' in line:
             break
     resp.close()  # the client goes away while task 1 still runs
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # wide: a busy machine is slow to see the socket close
     while "client went away" not in server.logs() or not any(c["model"] == ner for c in models.calls):
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
