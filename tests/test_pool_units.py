@@ -85,6 +85,8 @@ def test_the_search_stops_three_levels_down():
     assert torch_modules(Holder(model=Holder(model=Holder(model=Holder(model=m))))) == []  # depth 4
     assert torch_modules([[[m]]]) == [m]
     assert torch_modules([[[[m]]]]) == []
+    assert torch_modules(Holder(model=Holder(model=Holder(components={"unet": m})))) == [m]  # a dict's values too
+    assert torch_modules(Holder(model=Holder(model=Holder(model=Holder(components={"unet": m}))))) == []
 
 
 class Broken(torch.nn.Module):
@@ -784,5 +786,22 @@ def test_every_part_of_a_model_goes_to_the_device_asked_for(models_dir, monkeypa
     assert (model.device, vocoder.device, speaker.device.type) == (device, device, device)
     assert model.evaluating and vocoder.evaluating and vocoder.where == str(models_dir / "tiny/hifigan")
     assert tuple(speaker.shape) == (1, 4) and fe.where == str(models_dir / "tiny/vc")
+    with pytest.raises(ValueError, match=r"^tiny/vc: the speecht5-vc loader needs `base_model` in its catalog entry$"):
+        parts("tiny/vc", "audio-to-audio", "speecht5-vc")
+    for folder in ("tiny/cn", "tiny/blip"):
+        (models_dir / folder).mkdir(parents=True, exist_ok=True)
+        (models_dir / folder / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"^tiny/cn: the controlnet loader needs `base_model` in its catalog entry$"):
+        parts("tiny/cn", "canny-control", "controlnet")
+
+    class NotEncoderDecoder(FakePretrained):
+        @classmethod
+        def from_pretrained(cls, where, **kwargs):
+            raise ValueError("not a VisionEncoderDecoderModel checkpoint")
+
+    monkeypatch.setattr(transformers, "VisionEncoderDecoderModel", NotEncoderDecoder)
+    monkeypatch.setattr(transformers, "AutoModelForImageTextToText", type("ImageTextToText", (FakePretrained,), {}))
+    proc, _, model = parts("tiny/blip", "image-to-text", "vision2seq")  # BLIP, GIT: one processor, another class
+    assert model.device == device and model.evaluating and model.where == str(models_dir / "tiny/blip")
     parts("tiny/depth", "normal-control", "depth-normals")
     assert rec.calls == [(("depth-estimation",), {"model": str(models_dir / "tiny/depth"), "device": device})]

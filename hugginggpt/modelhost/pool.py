@@ -116,6 +116,13 @@ def memory_of(obj: Any) -> int:
         return 0
 
 
+def _base(spec: ModelSpec, registry: Registry) -> str:
+    """The folder of the model a ControlNet or a voice converter plugs into (its catalog entry names it)."""
+    if not spec.base_model:
+        raise ValueError(f"{spec.id}: the {spec.loader} loader needs `base_model` in its catalog entry")
+    return str(registry.models_dir / spec.base_model)
+
+
 def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
     """Build the object a handler needs; half precision on CUDA where the pipeline allows it."""
     if spec.loader == "annotator":
@@ -183,7 +190,7 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
         from transformers import SpeechT5FeatureExtractor, SpeechT5ForSpeechToSpeech, SpeechT5HifiGan
 
         model = SpeechT5ForSpeechToSpeech.from_pretrained(where).to(device).eval()
-        vocoder = SpeechT5HifiGan.from_pretrained(str(registry.models_dir / (spec.base_model or ""))).to(device).eval()
+        vocoder = SpeechT5HifiGan.from_pretrained(_base(spec, registry)).to(device).eval()
         voice = path / "speaker_embeddings.npy"  # an x-vector of the target voice; a neutral voice without one
         speaker = (torch.from_numpy(np.load(voice)).float().reshape(1, -1) if voice.is_file()
                    else torch.zeros(1, model.config.speaker_embedding_dim))
@@ -191,8 +198,8 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
     if spec.loader == "controlnet":
         from diffusers import ControlNetModel, StableDiffusionControlNetPipeline
 
+        base = _base(spec, registry)
         controlnet = ControlNetModel.from_pretrained(where, torch_dtype=dtype or torch.float32)
-        base = str(registry.models_dir / (spec.base_model or ""))
         pipe = StableDiffusionControlNetPipeline.from_pretrained(base, controlnet=controlnet,
                                                                  torch_dtype=dtype or torch.float32)
         return pipe.to(device)
