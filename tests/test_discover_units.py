@@ -133,6 +133,10 @@ def test_the_config_asking_for_code_is_named(tmp_path):
     assert remote_code_in_files(tmp_path, ["config.json", "tokenizer_config.json"]) == (
         "its tokenizer_config.json has `auto_map`: it runs code from the repository (trust_remote_code), never "
         "done here")
+    # a file that is not JSON, missing or broken is passed over, never the end of the search
+    assert remote_code_in_files(tmp_path, ["vocab.txt", "missing.json", "broken.json", "tokenizer_config.json"]) == (
+        "its tokenizer_config.json has `auto_map`: it runs code from the repository (trust_remote_code), never "
+        "done here")
 
 
 def index_problem(folder: Path, index) -> str | None:
@@ -520,6 +524,37 @@ def test_a_download_fetches_configs_then_weights_at_the_pinned_commit(tmp_path, 
                          f"{tmp_path.resolve() / 'o/m'}")
     assert logged[1].startswith("o/m: downloaded in ") and logged[1].endswith("s")
     assert d.ensure("o/m") == spec and len(downloads.calls) == 2  # on disk now
+
+
+def test_a_model_on_disk_needs_no_hub_and_one_download_does_not_hold_up_another(tmp_path, monkeypatch):
+    import threading
+
+    hub = hub_with(monkeypatch, siblings={"model.safetensors": 10})
+    hub.add("o/n", siblings={"model.safetensors": 10})
+    started, release = threading.Event(), threading.Event()
+
+    class SlowForOM(FakeDownloads):
+        def __call__(self, **kwargs):
+            if kwargs["repo_id"] == "o/m":
+                started.set()
+                release.wait(30)
+            super().__call__(**kwargs)
+
+    d = Discovery(DiscoveryPolicy("local"), tmp_path, downloader=SlowForOM({"model.safetensors": b"w"}))
+    slow = threading.Thread(target=d.ensure, args=("o/m",), daemon=True)
+    slow.start()
+    try:
+        assert started.wait(30)
+        other = threading.Thread(target=d.ensure, args=("o/n",), daemon=True)
+        other.start()
+        other.join(10)  # milliseconds, unless it waits for o/m's download
+        assert not other.is_alive() and (tmp_path / "o/n" / MARKER).is_file()
+    finally:
+        release.set()
+        slow.join(30)
+    hub.models["o/m"] = OSError("offline")  # on disk now: after a restart, served without asking the Hub
+    asked = len(hub.asked)
+    assert Discovery(DiscoveryPolicy("local"), tmp_path).ensure("o/m").id == "o/m" and len(hub.asked) == asked
 
 
 def test_a_download_of_unknown_size_says_so(tmp_path, monkeypatch, caplog):

@@ -148,7 +148,7 @@ def remote_code_in_files(folder: Path, names: Iterable[str]) -> str | None:
         if not name.endswith(".json"):
             continue
         try:
-            data = json.loads((folder / name).read_text(encoding="utf-8"))
+            data = json.loads((folder / name).read_bytes())  # UTF-8, -16 or -32, as JSON allows
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and "auto_map" in data:
