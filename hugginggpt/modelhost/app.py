@@ -28,6 +28,9 @@ from .metrics import ModelsMetrics
 from .pool import InferenceFailed, ModelUnavailable, NoRoom
 from .registry import Registry
 
+# header names, each written once (HTTP compares them without regard to case)
+HOST, ORIGIN, AUTHORIZATION = "Host", "Origin", "Authorization"
+
 log = logging.getLogger(__name__)
 
 
@@ -66,14 +69,14 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
     # routes are registered by call, not by decorator: mutmut skips decorated functions (docs/TESTING.md)
     def authorize() -> Response | None:
         if tokens:
-            if not bearer_ok(request.headers.get("Authorization"), tokens):
+            if not bearer_ok(request.headers.get(AUTHORIZATION), tokens):
                 return _error("this models server needs `Authorization: Bearer <models_server_token>`", 401)
             return None
-        host = request.headers.get("Host")
+        host = request.headers.get(HOST)
         if not host_allowed(host, host_names):
             return _error(f"this models server does not answer to the host name {host_name(host)[:100]!r}; add it "
                           "to models_server_hosts in its config (or set models_server_token)", 403)
-        origin = request.headers.get("Origin")
+        origin = request.headers.get(ORIGIN)
         if origin is not None and not origin_is_local_or_same(origin, host):
             return _error("requests from a web page on another site are refused by a models server without "
                           "models_server_token", 403)
@@ -206,7 +209,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
 
     def check(method: str, path: str, headers: Mapping[str, str]) -> Refusal | None:
         """`authorize`'s token check on the headers alone, so a body without the token is never read."""
-        if tokens and not bearer_ok(headers.get("Authorization"), tokens):
+        if tokens and not bearer_ok(headers.get(AUTHORIZATION), tokens):
             return Refusal(401, "this models server needs `Authorization: Bearer <models_server_token>`", None)
         return None
 
