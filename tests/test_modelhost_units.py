@@ -8,6 +8,7 @@ import array
 import base64
 import dataclasses
 import io
+import logging
 import math
 import re
 import socket
@@ -1153,13 +1154,27 @@ def test_generated_files_are_served_and_nothing_else(site, app_site):
     assert resp.status_code == 405 and error_of(resp)["message"]
 
 
-def test_an_unexpected_error_is_a_json_500(site):
+def test_an_unexpected_error_is_a_json_500_and_its_traceback_is_logged(site, caplog):
     class Broken(Engine):
         def loaded(self):
             raise ZeroDivisionError("boom")
 
-    resp = create_app(Broken(site.registry), site.public).test_client().get("/models")
+    with caplog.at_level(logging.ERROR, logger="hugginggpt.modelhost.app"):
+        resp = create_app(Broken(site.registry), site.public).test_client().get("/models")
     assert resp.status_code == 500 and error_of(resp) == {"message": "internal error (ZeroDivisionError)"}
+    [record] = [r for r in caplog.records if r.name == "hugginggpt.modelhost.app"]
+    assert record.getMessage() == "models server error" and record.exc_info[0] is ZeroDivisionError
+
+
+def test_an_http_error_says_what_werkzeug_says_and_metrics_are_prometheus_text(site, app_site):
+    from hugginggpt.modelhost.metrics import CONTENT_TYPE as PROMETHEUS
+
+    resp = app_site.client.get("/no/such/route")
+    assert resp.status_code == 404 and error_of(resp) == {"message": (
+        "The requested URL was not found on the server. If you entered the URL manually please check your "
+        "spelling and try again.")}
+    resp = app_site.client.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["Content-Type"] == PROMETHEUS
 
 
 def test_discovered_ids_go_to_discovery_and_catalog_ids_never_do(site, tmp_path):

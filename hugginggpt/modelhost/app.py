@@ -30,6 +30,7 @@ from .registry import Registry
 
 # header names, each written once (HTTP compares them without regard to case)
 HOST, ORIGIN, AUTHORIZATION = "Host", "Origin", "Authorization"
+CONTENT_TYPE, NOSNIFF = "Content-Type", "X-Content-Type-Options"
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,13 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
     app.before_request(authorize)
 
     def no_sniff(resp: Response) -> Response:
-        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers[NOSNIFF] = "nosniff"
         return resp
     app.after_request(no_sniff)
 
     def http_error(exc: HTTPException) -> Response:
-        return _error(exc.description or exc.name, exc.code or 500)
+        status = exc.code or 500  # pragma: no mutate: werkzeug's errors all carry their code
+        return _error(exc.description or exc.name, status)
     app.register_error_handler(HTTPException, http_error)
 
     def unexpected(exc: Exception) -> Response:
@@ -104,12 +106,12 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
 
     def metrics_text() -> Response:
         """Prometheus text format; behind models_server_token like every route."""
-        return Response(metrics.exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
-    app.add_url_rule("/metrics", view_func=metrics_text, methods=["GET"])
+        return Response(metrics.exposition(), headers={CONTENT_TYPE: METRICS_CONTENT_TYPE})
+    app.add_url_rule("/metrics", view_func=metrics_text)  # GET (and HEAD): Flask's default
 
     def running() -> Response:
         return jsonify({"running": True})
-    app.add_url_rule("/running", view_func=running, methods=["GET"])
+    app.add_url_rule("/running", view_func=running)
 
     def status(model_id: str) -> Response:
         if discovered(model_id):
@@ -117,7 +119,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         spec = registry.get(model_id)
         servable = spec is not None and registry.servable(spec)
         return jsonify({"loaded": servable, "in_memory": model_id in pool.loaded()})
-    app.add_url_rule("/status/<path:model_id>", view_func=status, methods=["GET"])
+    app.add_url_rule("/status/<path:model_id>", view_func=status)
 
     def ran_on(entry: object) -> dict[str, object]:
         """What a loaded model really runs in and on, and the device memory its load took (CUDA)."""
@@ -151,7 +153,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         return jsonify({"deployment": registry.deployment, "models": rows,
                         "discovered_models": discovery.policy.mode if discovery is not None else "off",
                         **({"memory": memory()} if memory is not None else {})})
-    app.add_url_rule("/models", view_func=models, methods=["GET"])
+    app.add_url_rule("/models", view_func=models)
 
     def infer(model_id: str) -> Response:
         spec = registry.get(model_id)
@@ -205,7 +207,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
     def output_file(folder: str, name: str) -> Response:
         """Files this server generated, for an orchestrator that runs on another machine."""
         return send_public_file(public_dir, f"{folder}/{name}")
-    app.add_url_rule("/<any(images, audios, videos):folder>/<name>", view_func=output_file, methods=["GET"])
+    app.add_url_rule("/<any(images, audios, videos):folder>/<name>", view_func=output_file)
 
     def check(method: str, path: str, headers: Mapping[str, str]) -> Refusal | None:
         """`authorize`'s token check on the headers alone, so a body without the token is never read."""
