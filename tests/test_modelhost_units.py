@@ -1008,7 +1008,7 @@ def test_models_rows_say_what_a_loaded_model_runs_in(site):
     spec = site.registry.get(NER)
     cuda = Loaded(spec=spec, obj=None, device="cuda:0", nbytes=2_345_678, load_seconds=1.0, dtype="torch.float16",
                   weights_device="cuda:0", device_bytes=1_000_123_456)
-    bare = types.SimpleNamespace(nbytes=1_000_000)  # another engine's entry: the size alone
+    bare = types.SimpleNamespace(nbytes=123_456_789_000)  # another engine's entry: the size alone
     engine = Engine(site.registry, loaded={NER: cuda, SST: bare})
     rows = {r["id"]: r for r in create_app(engine, site.public).test_client().get("/models").get_json()["models"]}
     assert {k: rows[NER][k] for k in ("loaded", "device", "memory_mb", "dtype", "weights_device",
@@ -1016,7 +1016,7 @@ def test_models_rows_say_what_a_loaded_model_runs_in(site):
         "loaded": True, "device": "cuda:0", "memory_mb": 2.3, "dtype": "torch.float16", "weights_device": "cuda:0",
         "device_memory_mb": 1000.123}
     assert {k: rows[SST][k] for k in ("memory_mb", "dtype", "weights_device", "device_memory_mb")} == {
-        "memory_mb": 1.0, "dtype": None, "weights_device": None, "device_memory_mb": None}
+        "memory_mb": 123456.8, "dtype": None, "weights_device": None, "device_memory_mb": None}
     assert "memory" not in create_app(engine, site.public).test_client().get("/models").get_json()
 
 
@@ -1216,6 +1216,10 @@ def test_discovered_ids_go_to_discovery_and_catalog_ids_never_do(site, tmp_path)
             (folder / name).read_bytes().replace(b"tiny-org", b"evil-org"))
     rows = {r["id"]: r for r in client.get("/models").get_json()["models"]}
     assert rows["evil-org/ner"]["servable"] is False and "discovered_authors_deny" in rows["evil-org/ner"]["problem"]
+    engine._loaded["tiny-org/ner"] = types.SimpleNamespace(nbytes=2_345_678)  # now in memory
+    rows = {r["id"]: r for r in client.get("/models").get_json()["models"]}
+    assert {k: rows["tiny-org/ner"][k] for k in ("loaded", "memory_mb", "discovered")} == {
+        "loaded": True, "memory_mb": 2.3, "discovered": True}
     with pytest.raises(DiscoveryRefused):
         discovery.check_policy("evil-org/ner")
 

@@ -26,7 +26,7 @@ from .handlers import MAX_DEPTH, Inputs, check_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ModelsMetrics
 from .pool import InferenceFailed, ModelUnavailable, NoRoom
-from .registry import Registry
+from .registry import ModelSpec, Registry
 
 # header names, each written once (HTTP compares them without regard to case)
 HOST, ORIGIN, AUTHORIZATION = "Host", "Origin", "Authorization"
@@ -129,26 +129,22 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         return {"dtype": getattr(entry, "dtype", None), "weights_device": getattr(entry, "weights_device", None),
                 "device_memory_mb": round(taken / 1e6, 3) if taken is not None else None}
 
+    def model_row(spec: ModelSpec, entry: object, problem: str | None, **extra: object) -> dict[str, object]:
+        return {"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
+                "loaded": entry is not None, "device": pool.device, **extra,
+                "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None, **ran_on(entry)}
+
     def models() -> Response:
         loaded = pool.loaded()
-        rows = []
-        for spec in registry.specs.values():
-            entry = loaded.get(spec.id)
-            problem = registry.problem(spec)
-            rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
-                         "loaded": entry is not None, "device": pool.device,
-                         "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None, **ran_on(entry)})
+        rows = [model_row(spec, loaded.get(spec.id), registry.problem(spec)) for spec in registry.specs.values()]
         if discovering:
             for spec in discovery.listed():  # downloaded on an earlier request; servable while the policy allows
-                entry = loaded.get(spec.id)
                 try:
                     discovery.check_policy(spec.id)
                     problem = None
                 except DiscoveryRefused as exc:
                     problem = str(exc)
-                rows.append({"id": spec.id, "task": spec.task, "servable": problem is None, "problem": problem,
-                             "loaded": entry is not None, "device": pool.device, "discovered": True,
-                             "memory_mb": round(entry.nbytes / 1e6, 1) if entry else None})
+                rows.append(model_row(spec, loaded.get(spec.id), problem, discovered=True))
         memory = getattr(pool, "memory", None)  # LocalEngine: counted, budget, and the device's own reading
         return jsonify({"deployment": registry.deployment, "models": rows,
                         "discovered_models": discovery.policy.mode if discovery is not None else "off",
