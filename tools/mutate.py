@@ -188,7 +188,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        if True:",
              ("tests/test_two_machines.py",)),
     Mutation("models-server-token-ignored", "hugginggpt/modelhost/app.py",
-             "            if not bearer_ok(request.headers.get(\"Authorization\"), tokens):",
+             "            if not bearer_ok(request.headers.get(AUTHORIZATION), tokens):",
              "            if False:",
              ("tests/test_keys_and_access.py::test_the_models_server_needs_its_token",)),
     Mutation("llm-ignores-deadline", "hugginggpt/llm.py",
