@@ -301,7 +301,7 @@ def test_with_no_llm_configured_it_opens_on_the_offline_demo_stack(tmp_path):
         chat, plan, _ = app.client().predict({"text": ask, "files": []}, api_name="/chat")
         assert [r[0] for r in plan["data"]] == ["text-to-image", "image-classification", "canny-control",
                                                 "text-to-speech"]
-        assert all(r[4] == "done" for r in plan["data"])
+        assert all(r[4] == "done" for r in plan["data"]), (plan["data"], texts(chat))  # which task, and why
         assert "offline demo" in texts(chat)[-1]
         kinds = sorted(Path(f["file"]).suffix for f in files(chat))
         assert kinds == [".png", ".png", ".wav"]
