@@ -1020,7 +1020,7 @@ def test_models_rows_say_what_a_loaded_model_runs_in(site):
     assert "memory" not in create_app(engine, site.public).test_client().get("/models").get_json()
 
 
-def test_inference_maps_each_failure_to_its_status(site):
+def test_inference_maps_each_failure_to_its_status(site, caplog):
     cases = [(BadRequest("`text` is required"), 400, "`text` is required", None),
              (ResourceError("`img_url` is not a readable image"), 400, "`img_url` is not a readable image", None),
              (ModelUnavailable("weights are missing"), 404, "weights are missing", None),
@@ -1035,6 +1035,11 @@ def test_inference_maps_each_failure_to_its_status(site):
         assert resp.headers.get("Retry-After") == ("5" if status == 503 else None)
         text = client.get("/metrics").get_data(as_text=True)
         assert f'models_server_calls_total{{model="{NER}",outcome="error"}} 1.0' in text
+        seconds = float(re.search(rf'models_server_call_seconds_sum{{model="{re.escape(NER)}"}} (\S+)', text).group(1))
+        assert 0 <= seconds < 60  # the call's own time
+    unexpected = [r for r in caplog.records if r.name == "hugginggpt.modelhost.app"]
+    assert [r.getMessage() for r in unexpected] == [f"inference with {NER} failed"] * 2  # KeyError, RuntimeError
+    assert [r.exc_info[0] for r in unexpected] == [KeyError, RuntimeError]
 
 
 def test_inference_answers_the_result_and_the_batch_size(site):
@@ -1067,7 +1072,7 @@ def test_bodies_no_handler_can_use_are_refused_before_any_model_runs(site):
     assert resp.status_code == 400 and "JSON object" in error_of(resp)["message"]
     deep = "[" * 5000 + "]" * 5000
     resp = client.post(f"/models/{NER}", data='{"a": ' + deep[:1900] + "}", content_type="application/json")
-    assert resp.status_code == 400
+    assert resp.status_code == 400 and error_of(resp) == {"message": "the body is nested more than 32 levels deep"}
     resp = client.post(f"/models/{NER}", data='{"text": "' + "x" * 2100 + '"}', content_type="application/json")
     assert resp.status_code == 413 and "message" in error_of(resp)
     assert engine.calls == []
@@ -1203,6 +1208,7 @@ def test_discovered_ids_go_to_discovery_and_catalog_ids_never_do(site, tmp_path)
     assert engine.calls[-1][0].source == "hub"
     resp = client.post("/models/evil-org/ner", json={"text": "anna"})
     assert resp.status_code == 403 and error_of(resp)["type"] == "author_denied"
+    assert "discovered_authors_deny" in error_of(resp)["message"]
     resp = client.post("/models/tiny-org/bad--name", json={"text": "anna"})
     assert resp.status_code == 400 and error_of(resp)["type"] == "bad_model_id"
     listing = client.get("/models").get_json()

@@ -31,6 +31,7 @@ from .registry import ModelSpec, Registry
 # header names, each written once (HTTP compares them without regard to case)
 HOST, ORIGIN, AUTHORIZATION = "Host", "Origin", "Authorization"
 CONTENT_TYPE, NOSNIFF = "Content-Type", "X-Content-Type-Options"
+RETRY_AFTER, BATCH_SIZE = "Retry-After", "X-Batch-Size"
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return _error(str(exc), 404)
         except NoRoom as exc:  # memory held by models in use: a later try may fit
             resp = _error(str(exc), 503, "no_room")
-            resp.headers["Retry-After"] = "5"
+            resp.headers[RETRY_AFTER] = "5"
             return resp
         except InferenceFailed as exc:
             return _error(f"{model_id} failed: {exc}", 500)
@@ -196,7 +197,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             metrics.call(spec.id, ok, time.perf_counter() - started)
         resp = jsonify(result)
         if (size := batch_size_var.get()) is not None:
-            resp.headers["X-Batch-Size"] = str(size)
+            resp.headers[BATCH_SIZE] = str(size)
         return resp
     app.add_url_rule("/models/<path:model_id>", view_func=infer, methods=["POST"])
 
