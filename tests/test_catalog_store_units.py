@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hugginggpt.catalog.cards import words
 from hugginggpt.catalog.embedders import HashEmbedder
 from hugginggpt.catalog.store import CatalogStore, open_store
+from tests.test_catalog_units import AxisEmbedder
 
 
 def row(model_id, task="translation", **kw):
@@ -24,26 +24,6 @@ def row(model_id, task="translation", **kw):
 
 def write_curated(path, rows):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
-
-
-class AxisEmbedder:
-    """Each known word is an axis; a text's vector is the normalised sum of its words' axes."""
-
-    WORDS = ("german", "english", "french", "speech", "image", "names", "news", "music")
-
-    def __init__(self, dim=8):
-        self.dim = dim
-        self.name = f"axis-{dim}"
-
-    def embed(self, texts):
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            for w in words(text):
-                if w in self.WORDS:
-                    out[i, self.WORDS.index(w)] += 1.0
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        norms[norms == 0] = 1.0
-        return out / norms
 
 
 def axis(word):
