@@ -1163,6 +1163,23 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        value = value.strip()  # as `resolve` reads it\n",
              "",
              ("tests/test_mcp_tools_units.py",)),
+    # behaviours the fourth audit session added, each with the test that fails without it
+    Mutation("hosted-status-asked-at-the-models-path", "hugginggpt/backends/hosted.py",
+             'return f"{self.base_url}/status/{model_id}"',
+             'return self.model_url(model_id).replace("/models/", "/status/", 1)',
+             ("tests/test_backends_units.py::test_an_endpoints_status_sits_beside_its_models_path",)),
+    Mutation("controlnet-without-base-model-loads-the-models-folder", "hugginggpt/modelhost/pool.py",
+             "    if not spec.base_model:\n",
+             "    if False:\n",
+             ("tests/test_pool_units.py::test_every_part_of_a_model_goes_to_the_device_asked_for",)),
+    Mutation("hub-refusals-not-counted", "hugginggpt/modelhost/download.py",
+             "            refused.append(mid)\n",
+             "            refused[:] = [mid]\n",
+             ("tests/test_download_units.py",)),
+    Mutation("one-download-lock-for-every-model", "hugginggpt/modelhost/discover.py",
+             "        with self._lock_for(model_id):\n",
+             "        with self._lock_for(\"\"):\n",
+             ("tests/test_discover_units.py::test_a_model_on_disk_needs_no_hub_and_one_download_does_not_hold_up_another",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
