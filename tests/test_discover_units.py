@@ -786,6 +786,22 @@ def test_download_progress_is_logged_in_megabytes(monkeypatch, caplog):
     assert stream.closed and stream.name == os.devnull
 
 
+def test_progress_counts_like_tqdm_and_says_megabytes_of_a_million_bytes(monkeypatch, caplog):
+    monkeypatch.setattr(_LoggedProgress, "every", 0.0)
+    progress = _LoggedProgress.for_model("o/m")
+    files = progress(["a.json", "b.json"], total=2, desc="Fetching 2 files")  # how snapshot_download's map calls it
+    assert list(files) == ["a.json", "b.json"] and files.n == 2
+    files.close()
+    with caplog.at_level(logging.INFO, logger=discover.__name__):
+        bar = progress(total=10**12, unit="B")
+        bar.update()
+        assert bar.n == 1
+        bar.update(10**12 - 1)
+        bar.close()
+    assert [r.getMessage() for r in caplog.records] == ["o/m: 0.0 of 1000000.0 MB downloaded",
+                                                        "o/m: 1000000.0 of 1000000.0 MB downloaded"]
+
+
 def test_progress_is_kept_even_where_bars_are_turned_off(monkeypatch, caplog):
     monkeypatch.setattr(_LoggedProgress, "every", 0.0)
     with caplog.at_level(logging.INFO, logger=discover.__name__):
