@@ -117,9 +117,10 @@ def test_auto_map_anywhere_in_the_hubs_config_summary_is_remote_code(tmp_path, m
             Discovery(DiscoveryPolicy("local"), tmp_path).hub_model(f"o/deep{depth}")
         assert err.value.kind == "remote_code", depth
     fake.add("o/too-deep", config={"a": {"b": {"c": {"d": {"e": {"auto_map": 1}}}}}})  # past what the Hub nests
+    fake.add("o/too-deep-in-lists", config={"a": [[[[{"auto_map": 1}]]]]})
     fake.add("o/list", config={"a": ["auto_map"]})
     fake.add("o/none", config=None)
-    for mid in ("o/too-deep", "o/list", "o/none"):
+    for mid in ("o/too-deep", "o/too-deep-in-lists", "o/list", "o/none"):
         assert Discovery(DiscoveryPolicy("local"), tmp_path).hub_model(mid).spec.id == mid
 
 
@@ -524,6 +525,12 @@ def test_a_download_fetches_configs_then_weights_at_the_pinned_commit(tmp_path, 
                          f"{tmp_path.resolve() / 'o/m'}")
     assert logged[1].startswith("o/m: downloaded in ") and logged[1].endswith("s")
     assert d.ensure("o/m") == spec and len(downloads.calls) == 2  # on disk now
+    monkeypatch.setattr(_LoggedProgress, "every", 0.0)
+    with caplog.at_level(logging.INFO, logger=discover.__name__):
+        bar = downloads.calls[1]["tqdm_class"](total=10**6, unit="B", desc="model.safetensors")
+        bar.update(10**6)
+        bar.close()
+    assert caplog.records[-1].getMessage() == "o/m: 1.0 of 1.0 MB downloaded"  # the Hub's bars name the model
 
 
 def test_a_model_on_disk_needs_no_hub_and_one_download_does_not_hold_up_another(tmp_path, monkeypatch):

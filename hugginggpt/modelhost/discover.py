@@ -42,7 +42,7 @@ MAX_NAME = 96  # the Hub's limit for an owner or a repository name
 _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?", re.ASCII)
 
 
-def name_problem(name: str, what: str = "name") -> str | None:
+def name_problem(name: str, what: str) -> str | None:
     """Why one part of a Hub id (owner or repository name) is not valid, or None."""
     if not isinstance(name, str) or not name:
         return f"the {what} is empty"
@@ -314,7 +314,7 @@ class Discovery:
         """The spec of a discovered model whose download completed, or None."""
         try:
             folder = self.folder(model_id)
-            marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+            marker = json.loads((folder / MARKER).read_bytes())
             spec = ModelSpec(id=model_id, task=marker["task"], loader=marker["loader"], level="standard",
                              pipeline_task=marker.get("pipeline_task"), files=tuple(marker["files"]), source="hub")
         except (DiscoveryRefused, OSError, ValueError, KeyError, TypeError):
@@ -496,8 +496,8 @@ class Discovery:
             marker = {"id": spec.id, "sha": found.sha, "library": found.library, "pipeline_tag": found.pipeline_tag,
                       "weight_bytes": found.weight_bytes, "downloaded_at": time.time(),
                       **{k: v for k, v in asdict(spec).items() if k in ("task", "loader", "pipeline_task", "files")}}
-            tmp = folder / (MARKER + ".tmp")
-            tmp.write_text(json.dumps(marker, indent=1), encoding="utf-8")
+            tmp = folder / (MARKER + ".tmp")  # pragma: no mutate: any name beside the marker, renamed over it
+            tmp.write_text(json.dumps(marker, indent=1), encoding="utf-8")  # pragma: no mutate: ASCII JSON, any layout
             os.replace(tmp, folder / MARKER)
             with self._guard:
                 self.downloads += 1
