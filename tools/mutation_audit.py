@@ -106,14 +106,57 @@ def prepare(module: Module, base: dict) -> Path:
             (folder / "mutants" / rel).unlink(missing_ok=True)
     for path in list(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if path.is_file() and not rel.startswith(("mutants/", "audit.json")) and rel not in wanted \
+        if path.is_file() and not rel.startswith(("mutants/", "audit.json", "preload.")) and rel not in wanted \
                 and "__pycache__" not in rel and rel != "pyproject.toml":
             path.unlink()
-    config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests))
+    config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests),
+                  forkserver_warmup="import", preload_modules_file=str(preload(module, folder)))
     (folder / "pyproject.toml").write_text(
         "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
         + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
     return folder
+
+
+# Not preloaded: the code under test (the fork server would hold the unmutated copy), the tests, the runners.
+NOT_PRELOADED = ("hugginggpt", "tests", "conftest", "__main__", "mutmut", "pytest", "_pytest", "pluggy", "py")
+_RECORD = ("import sys, pytest\n"
+           "pytest.main(sys.argv[2:])\n"
+           "open(sys.argv[1], 'w').write('\\n'.join(sorted(sys.modules)))\n")
+_CHECK = ("import importlib, sys, threading\n"
+          "ok = []\n"
+          "for name in open(sys.argv[1]).read().split():\n"
+          "    before = threading.active_count()\n"
+          "    try:\n"
+          "        importlib.import_module(name)\n"
+          "    except BaseException:\n"
+          "        continue\n"
+          "    if threading.active_count() == before:\n"
+          "        ok.append(name)\n"
+          "open(sys.argv[2], 'w').write('\\n'.join(ok))\n")
+
+
+def preload(module: Module, folder: Path) -> Path:
+    """The third-party modules the module's tests import while they run, for mutmut's fork server to import once.
+
+    transformers and diffusers import most of themselves lazily, at the first pipeline, so mutmut's default
+    warm-up (collecting the tests) leaves each mutant's process to import them again: seconds per mutant.
+    Recorded once per folder by running the tests; a module whose import fails or starts a thread is left out
+    (a thread does not survive the fork)."""
+    target = folder / "preload.txt"
+    if target.exists():
+        return target
+    seen = folder / "preload.seen"
+    env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+    subprocess.run([sys.executable, "-c", _RECORD, str(seen), "-q", "-x", "-p", "no:cacheprovider", *module.tests],
+                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    names = [n for n in (seen.read_text().split() if seen.exists() else [])
+             if n.split(".")[0] not in NOT_PRELOADED and not n.startswith("test_")]
+    seen.write_text("\n".join(names))
+    subprocess.run([sys.executable, "-c", _CHECK, str(seen), str(target)], cwd=folder, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if not target.exists():
+        target.write_text("")
+    return target
 
 
 def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
