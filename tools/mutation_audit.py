@@ -39,6 +39,7 @@ class Module:
     path: str
     goal: float
     tests: tuple[str, ...]
+    fast: tuple[str, ...] = ()  # --fast's files where not the module's *_units.py files
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Score:
 def settings() -> tuple[dict, dict[str, Module], dict[str, list[str]]]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     audit = data["tool"]["mutation-audit"]
-    modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]))
+    modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]), tuple(m.get("fast", ())))
                for name, m in audit["modules"].items()}
     quick = dict(audit.get("quick", {}))
     base = dict(data["tool"]["mutmut"])
@@ -321,7 +322,8 @@ def main() -> int:
         if args.table:
             parser.error("--fast runs are not the table's figures: leave out --table")
         modules = {n + "-fast": Module(n + "-fast", modules[n].path, modules[n].goal,
-                                       tuple(t for t in modules[n].tests if t.endswith("_units.py"))
+                                       modules[n].fast
+                                       or tuple(t for t in modules[n].tests if t.endswith("_units.py"))
                                        or modules[n].tests[:1])
                    for n in names if n in modules}
         names = [n + "-fast" if n + "-fast" in modules else n for n in names]
