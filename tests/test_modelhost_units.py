@@ -579,9 +579,13 @@ def test_document_qa_passes_word_boxes_and_explains_missing_ocr(site):
     assert h.document_qa(entry, inputs(site, img_url="/examples/red.png", text="who", word_boxes=[])) == out
     assert seen[-1][2] == {"word_boxes": []}
 
-    for message in ("tesseract is not installed: install Tesseract", "No module named pytesseract"):
-        def no_ocr(image, question, message=message, **kwargs):
-            raise ValueError(message)
+    for error in (ValueError("If you provide an image without word_boxes, then the pipeline will run OCR using "
+                             "Tesseract, but pytesseract is not available"),  # transformers, without pytesseract
+                  OSError("tesseract is not installed or it's not in your PATH. See README file for more "
+                          "information."),  # pytesseract's TesseractNotFoundError, without the binary
+                  ValueError("No module named pytesseract")):
+        def no_ocr(image, question, error=error, **kwargs):
+            raise error
 
         with raises_bad("document question answering needs OCR on the models server (apt-get install "
                         "tesseract-ocr; pip install pytesseract) or `word_boxes` in the request"):
@@ -594,6 +598,13 @@ def test_document_qa_passes_word_boxes_and_explains_missing_ocr(site):
     with pytest.raises(ValueError, match="^shapes do not match$"):
         h.document_qa(stand_in("document-question-answering", broken),
                       inputs(site, img_url="/examples/red.png", text="who"))
+
+    def no_disk(image, question, **kwargs):
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="^No space left on device$"):
+        h.document_qa(stand_in("document-question-answering", no_disk), inputs(site, img_url="/examples/red.png",
+                                                                                text="who"))
     real = h.document_qa(loaded(site, "impira/layoutlm-document-qa"),
                          inputs(site, img_url="/examples/red.png", text="who", word_boxes=words))
     assert real and set(real[0]["answer"].split()) <= {"anna", "lives"}

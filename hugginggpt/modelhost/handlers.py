@@ -216,7 +216,8 @@ def visual_qa(m: Loaded, i: Inputs) -> Any:
         logits = model(**enc).logits[0]
     probs = torch.softmax(logits, -1)
     top = torch.topk(probs, k=min(5, probs.numel()))
-    return [{"answer": model.config.id2label[int(k)], "score": float(v)} for v, k in zip(top.values, top.indices, strict=True)]
+    pairs = zip(top.values, top.indices, strict=True)  # pragma: no mutate: topk's two are always as long
+    return [{"answer": model.config.id2label[int(k)], "score": float(v)} for v, k in pairs]
 
 
 def document_qa(m: Loaded, i: Inputs) -> Any:
@@ -231,8 +232,8 @@ def document_qa(m: Loaded, i: Inputs) -> Any:
     image, question = i.image(), i.text()
     try:
         return plain(m.obj(image, question, **kwargs))
-    except ValueError as exc:
-        if "Tesseract" in str(exc) or "pytesseract" in str(exc):
+    except (ValueError, OSError) as exc:  # transformers without pytesseract; pytesseract without its tesseract binary
+        if "tesseract" in str(exc).lower():
             raise BadRequest("document question answering needs OCR on the models server (apt-get install "
                              "tesseract-ocr; pip install pytesseract) or `word_boxes` in the request") from None
         raise
@@ -295,7 +296,7 @@ def normals_from_depth(depth: np.ndarray, bg_threshold: float = 0.4) -> np.ndarr
     gy[near < bg_threshold] = 0
     normal = np.stack([gx, gy, np.full_like(gx, 2 * np.pi)], axis=2)
     normal /= np.sqrt((normal ** 2).sum(axis=2, keepdims=True))
-    return (normal * 127.5 + 127.5).clip(0, 255).astype("uint8")
+    return (normal * 127.5 + 127.5).astype("uint8")  # unit vectors: 0 to 255 already
 
 
 def normal_control(m: Loaded, i: Inputs) -> Any:
