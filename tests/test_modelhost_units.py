@@ -339,12 +339,13 @@ def test_seq2seq_generates_and_decodes_without_special_tokens(site):
 class Logits:
     """An extractive-QA model whose logits the test chooses: start and end scores by token position."""
 
-    device = torch.device("cpu")
+    device = torch.device("meta")  # where the handler must send the inputs (a GPU, on a GPU box)
 
     def __init__(self, start: dict[int, float], end: dict[int, float]):
         self.start, self.end = start, end
 
     def __call__(self, input_ids, **_):
+        assert input_ids.device == self.device
         n = self.length = input_ids.shape[1]
         start, end = torch.zeros(1, n), torch.zeros(1, n)
         for k, v in self.start.items():
@@ -382,8 +383,9 @@ def test_question_answering_picks_the_best_span_inside_the_context(site):
     want = float(torch.softmax(start, 0)[1] * torch.softmax(end, 0)[5])
     assert out["score"] == pytest.approx(want, rel=1e-6) and list(out) == ["answer", "score", "start", "end"]
     assert type(out["score"]) is float and type(out["start"]) is int
-    # one token can win alone (start == end)
-    _, ctx, _ = answer_with(site, "who ?", context, {}, {})
+    # one token can win alone (start == end); of equal spans, the earliest
+    out, ctx, _ = answer_with(site, "who ?", context, {}, {})
+    assert out["answer"] == "anna"
     first = ctx[0]
     out, *_ = answer_with(site, "who ?", context, {first + 2: 3.0, first: 2.9}, {first + 2: 3.0, first + 4: -3.0})
     assert out["answer"] == "in"

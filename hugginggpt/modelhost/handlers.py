@@ -150,12 +150,9 @@ def question_answering(m: Loaded, i: Inputs) -> Any:
         out = model(**enc.to(model.device))
     start_logits, end_logits = out.start_logits[0].cpu(), out.end_logits[0].cpu()
     ctx = [k for k, s in enumerate(seq_ids) if s == 1]
-    best = (float("-inf"), ctx[0], ctx[0])
-    for s in ctx:
-        for e in ctx:
-            if s <= e < s + 30 and start_logits[s] + end_logits[e] > best[0]:
-                best = (float(start_logits[s] + end_logits[e]), s, e)
-    _, s, e = best
+    starts, ends = start_logits.tolist(), end_logits.tolist()
+    # the best start + end in the context, at most 30 tokens long; of equals, the earliest
+    s, e = max(((s, e) for s in ctx for e in ctx if s <= e < s + 30), key=lambda span: starts[span[0]] + ends[span[1]])
     start, end = int(offsets[s][0]), int(offsets[e][1])
     prob = torch.softmax(start_logits[ctx], 0)[ctx.index(s)] * torch.softmax(end_logits[ctx], 0)[ctx.index(e)]
     return {"answer": context[start:end], "score": float(prob), "start": start, "end": end}
