@@ -189,8 +189,7 @@ def image_segmentation(m: Loaded, i: Inputs) -> Any:
 
 
 def depth_estimation(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.image())
-    return i.save_image(out["depth"].convert("L"))
+    return i.save_image(m.obj(i.image())["depth"])  # the pipeline's depth is a grey (mode L) image already
 
 
 def image_to_text(m: Loaded, i: Inputs) -> Any:
@@ -453,19 +452,23 @@ BATCHABLE: dict[str, Batchable] = {
 MAX_DEPTH = 32  # no request body of this protocol nests deeper than a few levels
 
 
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+
+
 def check_body(value: Any, where: str = "the body", depth: int = 0) -> None:
     """Refuse what no handler can use before any model runs: lone UTF-16 surrogates (JSON can carry `\\ud800`;
     nothing downstream encodes it) and nesting deeper than MAX_DEPTH."""
     if depth > MAX_DEPTH:
         raise BadRequest(f"{where} is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+        _check_text(value, where)
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_body(key, where, depth + 1)
+            _check_text(key, where)  # JSON keys are strings, as deep as their values
             check_body(item, f"`{key}`" if depth == 0 else where, depth + 1)
     elif isinstance(value, list):
         for item in value:
