@@ -323,6 +323,14 @@ def test_seq2seq_generates_and_decodes_without_special_tokens(site):
     assert mod.calls[-1][2]["max_new_tokens"] == 128
     h.seq2seq(entry, inputs(site, text="hello world", max_new_tokens=1))
     assert mod.calls[-1][2]["max_new_tokens"] == 1
+    class WithoutTypes(Spy):  # a tokenizer that gives no token_type_ids (GPT-2, T5)
+        def __call__(self, *args, **kwargs):
+            batch = super().__call__(*args, **kwargs)
+            del batch["token_type_ids"]
+            return batch
+
+    h.seq2seq(spied(entry, (WithoutTypes(tokenizer), mod)), inputs(site, text="hello world", max_new_tokens=1))
+    assert set(mod.calls[-1][2]) == {"input_ids", "attention_mask", "max_new_tokens"}
     long = " ".join(["w1"] * 600)  # past the 128 positions: truncated, not a crash
     before, tokenizer.model_max_length = tokenizer.model_max_length, 64
     try:
@@ -783,6 +791,50 @@ def test_the_rate_a_pipeline_reads_audio_at():
     assert type(h._rate_of(types.SimpleNamespace(feature_extractor=types.SimpleNamespace(sampling_rate=8e3)))) is int
 
 
+class OnAnotherDevice:
+    """A generating model on a device that is not the CPU, as on a GPU box: records where its inputs were and
+    answers `out` (on the CPU, as `.cpu()` or a decode would leave it)."""
+
+    device = torch.device("meta")
+
+    def __init__(self, out):
+        self.out, self.devices = out, set()
+
+    def generate(self, *args, **kwargs):
+        self.devices |= {v.device.type for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)}
+        return self.out
+
+    generate_speech = generate
+
+
+def test_inputs_go_to_the_models_device(site):
+    tokenizer, _ = loaded(site, BART).obj
+    ids = tokenizer("a cat", return_tensors="pt")["input_ids"]
+    model = OnAnotherDevice(ids)
+    out = h.seq2seq(spied(loaded(site, BART), (tokenizer, model)), inputs(site, text="the cat sits"))
+    assert out == {"generated text": tokenizer.decode(ids[0], skip_special_tokens=True)} and model.devices == {"meta"}
+
+    processor, captioner, _ = loaded(site, "nlpconnect/vit-gpt2-image-captioning").obj
+    ids = torch.tensor([[5, 6, 7]])
+    caption = {"generated text": captioner.decode(ids[0], skip_special_tokens=True).strip()}
+    entry = spied(loaded(site, "nlpconnect/vit-gpt2-image-captioning"), (processor, captioner, model := OnAnotherDevice(ids)))
+    assert h.image_to_text(entry, inputs(site, img_url="/examples/red.png")) == caption
+    assert model.devices == {"meta"}
+    model = OnAnotherDevice(ids.repeat(2, 1))
+    entry = spied(entry, (processor, captioner, model))
+    assert h._captions(entry, [inputs(site, img_url="/examples/red.png").image()] * 2) == [caption] * 2
+    assert model.devices == {"meta"}
+
+    def features(audio, sampling_rate, return_tensors):
+        return {"input_values": torch.tensor(audio)[None]}
+
+    model = OnAnotherDevice(torch.zeros(1600))
+    speaker = torch.zeros(1, 512, device="meta")
+    out = h.audio_to_audio(stand_in("audio-to-audio", (features, model, None, speaker), "speecht5-vc"),
+                           inputs(site, audio_url="/examples/low-8k.wav"))
+    assert model.devices == {"meta"} and list(out) == ["path"]
+
+
 def test_speech_and_audio_classification_hear_the_file_at_the_models_rate(site):
     asr = Spy(loaded(site, "facebook/wav2vec2-base-960h").obj)
     out = h.speech_recognition(spied(loaded(site, "facebook/wav2vec2-base-960h"), asr),
@@ -797,12 +849,22 @@ def test_speech_and_audio_classification_hear_the_file_at_the_models_rate(site):
     assert args[0]["sampling_rate"] == 16000 and args[0]["raw"].shape == (1600,) and labels == h.plain(real)
     assert {x["label"] for x in labels} == set(AUDIO_LABELS) and all(type(x["score"]) is float for x in labels)
 
+    heard = []
+
     def shouting(payload):
+        heard.append((payload["sampling_rate"], len(payload["raw"])))
         return {"text": "  HELLO  "}
 
-    shouting.feature_extractor = types.SimpleNamespace(sampling_rate=8000)
+    def labelling(payload):
+        heard.append((payload["sampling_rate"], len(payload["raw"])))
+        return [{"label": "speech", "score": 1.0}]
+
+    shouting.feature_extractor = labelling.feature_extractor = types.SimpleNamespace(sampling_rate=8000)
     assert h.speech_recognition(stand_in("automatic-speech-recognition", shouting),
-                                inputs(site, audio_url="/examples/hello.wav")) == {"text": "HELLO"}
+                                inputs(site, audio_url="/examples/low-8k.wav")) == {"text": "HELLO"}
+    assert h.audio_classification(stand_in("audio-classification", labelling),
+                                  inputs(site, audio_url="/examples/low-8k.wav")) == [{"label": "speech", "score": 1.0}]
+    assert heard == [(8000, 800), (8000, 800)]  # each model's own rate, not 16 kHz
 
 
 def test_text_to_speech_writes_the_models_audio_at_its_rate(site):

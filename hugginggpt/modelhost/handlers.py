@@ -86,7 +86,7 @@ class Inputs:
         import soundfile as sf
 
         path, public = new_output_path(self.public_dir, "audio", "wav")
-        sf.write(path, np.asarray(samples, dtype="float32").reshape(-1), int(rate))  # WAV: the name ends in .wav
+        sf.write(path, np.asarray(samples, dtype="float32").ravel(), int(rate))  # WAV: the name ends in .wav
         return {"path": public}
 
 
@@ -318,7 +318,7 @@ def controlnet_generation(m: Loaded, i: Inputs) -> Any:
 
 def _rate_of(pipe: Any, default: int = 16000) -> int:
     fe = getattr(pipe, "feature_extractor", None)
-    return int(getattr(fe, "sampling_rate", default) or default)
+    return int(getattr(fe, "sampling_rate", None) or default)
 
 
 def speech_recognition(m: Loaded, i: Inputs) -> Any:
@@ -425,7 +425,8 @@ def _classify_images(m: Loaded, images: list[Any]) -> list[Any]:
 
 def _similarities(m: Loaded, pairs: list[tuple[str, str]]) -> list[Any]:
     if not hasattr(m.obj, "encode"):  # a feature-extraction pipeline: one pair at a time, as the handler does
-        return [sentence_similarity(m, Inputs(body={"text": a, "text2": b}, public_dir=Path())) for a, b in pairs]
+        texts = [Inputs(body={"text": a, "text2": b}, public_dir=Path()) for a, b in pairs]  # pragma: no mutate: no file
+        return [sentence_similarity(m, i) for i in texts]
     emb = m.obj.encode([t for pair in pairs for t in pair], normalize_embeddings=True, show_progress_bar=False,
                        batch_size=2 * len(pairs))
     return [{"score": float(np.dot(emb[2 * k], emb[2 * k + 1]))} for k in range(len(pairs))]
