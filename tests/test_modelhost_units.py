@@ -678,6 +678,10 @@ def test_text_to_video_writes_an_mp4_under_public_videos(site):
     assert frames.shape[0] == 3 and frames.shape[-1] == 3 and abs(int(frames[0, 8, 8, 0]) - 128) < 8
     h.text_to_video(stand_in("text-to-video", pipe), inputs(site, text="a fox runs"))
     assert pipe.calls[-1][1] == {"num_inference_steps": 25}
+    h.text_to_video(stand_in("text-to-video", pipe), inputs(site, text="a fox runs", steps=1))  # a one-step preview
+    assert pipe.calls[-1][1] == {"num_inference_steps": 1}
+    with pytest.raises(BadRequest, match="^`steps` must be a whole number from 1 to"):
+        h.text_to_video(stand_in("text-to-video", pipe), inputs(site, text="a fox runs", steps=0))
 
 
 def test_sobel_matches_the_3x3_kernels_everywhere_but_the_border():
