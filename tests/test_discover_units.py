@@ -58,6 +58,8 @@ def test_files_outside_what_a_pipeline_reads_are_never_fetched():
             "tf/model.safetensors", "flax_model.msgpack", "model.onnx", ""]
     assert select_files(repo, "transformers") == ["config.json", "enc.tiktoken", "model.safetensors", "sp.spm",
                                                   "tokenizer.model", "vocab.txt"]
+    assert select_files([".config.json", "../config.json", ".unet/config.json", "../model_index.json",
+                         "unet/config.json", "model_index.json"], "diffusers") == ["model_index.json", "unet/config.json"]
 
 
 def test_sentence_transformers_keep_only_their_module_folders():
@@ -81,6 +83,8 @@ def test_pytorch_weights_only_where_no_safetensors_and_only_the_models_own():
                          "model-1-of-2.bin", "rng_state.bin"], "transformers") == [
         "model-00001-of-00002.bin", "model-00002-of-00002.bin"]
     assert select_files(["pytorch_model.fp16.bin"], "transformers") == ["pytorch_model.fp16.bin"]
+    assert select_files(["optimizer.bin", "pytorch_model.bin", "config.json"], "transformers") == [
+        "config.json", "pytorch_model.bin"]
     assert select_files(["diffusion_pytorch_model.bin", "sub.bin"], "transformers") == ["diffusion_pytorch_model.bin"]
     assert select_files(["x_pytorch_model.bin", "pytorch_model.binx"], "transformers") == []
     # safetensors in one folder do not take a .bin of another folder

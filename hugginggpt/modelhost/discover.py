@@ -106,8 +106,8 @@ def select_files(names: Iterable[str], library: str) -> list[str]:
     for name in names:
         path = PurePosixPath(name)
         parts = path.parts
-        if (not parts or any(p.startswith(".") or p in SKIPPED_FOLDERS for p in parts) or ".." in parts
-                or not name.endswith(WEIGHT_SUFFIXES + SMALL_SUFFIXES)):
+        hidden = any(p.startswith(".") or p in SKIPPED_FOLDERS for p in parts)  # ".." starts with a dot too
+        if hidden or not name.endswith(WEIGHT_SUFFIXES + SMALL_SUFFIXES):
             continue
         if library == "diffusers":  # model_index.json at the top, each component in its own folder
             if len(parts) > 2 or (len(parts) == 1 and not name.endswith(".json")):
@@ -159,7 +159,7 @@ def remote_code_in_files(folder: Path, names: Iterable[str]) -> str | None:
 def diffusers_components_problem(folder: Path) -> str | None:
     """A Diffusers pipeline whose model_index.json names classes outside Diffusers / Transformers, or None."""
     try:
-        index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+        index = json.loads((folder / "model_index.json").read_bytes())
     except (OSError, ValueError):
         return "it has no readable model_index.json, which a Diffusers pipeline needs"
     import diffusers
@@ -359,7 +359,7 @@ class Discovery:
             self._verdicts[model_id] = (time.monotonic() + ttl, verdict)
             self._verdicts.move_to_end(model_id)
             while len(self._verdicts) > self._max_cached:
-                self._verdicts.popitem(last=False)
+                del self._verdicts[next(iter(self._verdicts))]  # the least recently asked
 
     def _judge(self, model_id: str) -> HubModel:
         from huggingface_hub import HfApi
