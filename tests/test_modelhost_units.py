@@ -753,6 +753,8 @@ def test_normals_from_depth_are_exact_on_a_ramp():
     column = h.normals_from_depth(depth.T.copy())  # the slope down the rows tilts green, not red
     assert (column[4:10, 1:-1] == [127, slope[0], slope[2]]).all()
     assert (h.normals_from_depth(np.full((4, 4), 7.0)) == [127, 127, 255]).all()
+    assert (h.normals_from_depth(depth + 100) == rgb).all()  # the range counts from the map's own nearest-back
+    assert (h.normals_from_depth(depth.astype("uint8")) == rgb).all()  # as a grey image gives it
 
 
 def test_normal_control_resizes_the_depth_to_the_input(site):

@@ -284,12 +284,11 @@ def normals_from_depth(depth: np.ndarray, bg_threshold: float = 0.4) -> np.ndarr
     Depth gradients give the x and y of each normal and a constant 2*pi its z, so flat regions face the
     viewer; pixels nearer the back than `bg_threshold` (of the depth range) are background and face it too.
     """
-    depth = depth.astype("float32")
-    span = float(depth.max() - depth.min())
-    near = (depth - depth.min()) / span if span > 0 else np.zeros_like(depth)
+    depth = np.asarray(depth, dtype="float32")  # a grey image's uint8 would wrap below zero in the gradients
+    back = depth < depth.min() + bg_threshold * (depth.max() - depth.min())
     gx, gy = sobel(depth)
-    gx[near < bg_threshold] = 0
-    gy[near < bg_threshold] = 0
+    gx[back] = 0
+    gy[back] = 0
     normal = np.stack([gx, gy, np.full_like(gx, 2 * np.pi)], axis=2)
     normal /= np.sqrt((normal ** 2).sum(axis=2, keepdims=True))
     return (normal * 127.5 + 127.5).astype("uint8")  # unit vectors: 0 to 255 already
