@@ -159,7 +159,10 @@ def question_answering(m: Loaded, i: Inputs) -> Any:
 
 
 def sentence_similarity(m: Loaded, i: Inputs) -> Any:
-    a, b = i.text(), i.text("text2")
+    return _similarity(m, i.text(), i.text("text2"))
+
+
+def _similarity(m: Loaded, a: str, b: str) -> dict[str, float]:
     if hasattr(m.obj, "encode"):
         emb = m.obj.encode([a, b], normalize_embeddings=True, show_progress_bar=False)
         return {"score": float(np.dot(emb[0], emb[1]))}
@@ -424,8 +427,7 @@ def _classify_images(m: Loaded, images: list[Any]) -> list[Any]:
 
 def _similarities(m: Loaded, pairs: list[tuple[str, str]]) -> list[Any]:
     if not hasattr(m.obj, "encode"):  # a feature-extraction pipeline: one pair at a time, as the handler does
-        texts = [Inputs(body={"text": a, "text2": b}, public_dir=Path()) for a, b in pairs]  # pragma: no mutate: no file
-        return [sentence_similarity(m, i) for i in texts]
+        return [_similarity(m, a, b) for a, b in pairs]
     emb = m.obj.encode([t for pair in pairs for t in pair], normalize_embeddings=True, show_progress_bar=False,
                        batch_size=2 * len(pairs))
     return [{"score": float(np.dot(emb[2 * k], emb[2 * k + 1]))} for k in range(len(pairs))]
