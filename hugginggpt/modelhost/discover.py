@@ -359,7 +359,7 @@ class Discovery:
             self._verdicts[model_id] = (time.monotonic() + ttl, verdict)
             self._verdicts.move_to_end(model_id)
             while len(self._verdicts) > self._max_cached:
-                del self._verdicts[next(iter(self._verdicts))]  # the least recently asked
+                self._verdicts.popitem(last=False)  # pragma: no mutate: the least recently asked (None pops it too)
 
     def _judge(self, model_id: str) -> HubModel:
         from huggingface_hub import HfApi
