@@ -118,6 +118,11 @@ def prepare(module: Module, base: dict) -> Path:
     return folder
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without mutmut's marker: what starts here chooses its own mutant, or none."""
+    return {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+
+
 # Not preloaded: the code under test (the fork server would hold the unmutated copy), the tests, the runners.
 NOT_PRELOADED = ("hugginggpt", "tests", "conftest", "__main__", "mutmut", "pytest", "_pytest", "pluggy", "py")
 _RECORD = ("import sys, pytest\n"
@@ -147,7 +152,7 @@ def preload(module: Module, folder: Path) -> Path:
     if target.exists():
         return target
     seen = folder / "preload.seen"
-    env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+    env = clean_env()
     subprocess.run([sys.executable, "-c", _RECORD, str(seen), "-q", "-x", "-p", "no:cacheprovider", *module.tests],
                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     names = [n for n in (seen.read_text().split() if seen.exists() else [])
@@ -162,7 +167,7 @@ def preload(module: Module, folder: Path) -> Path:
 
 def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
     exe = Path(sys.executable).with_name("mutmut")
-    env = {k: v for k, v in os.environ.items() if k != "MUTANT_UNDER_TEST"}
+    env = clean_env()
     if log is None:
         return subprocess.run([str(exe), *args], cwd=folder, env=env).returncode
     with log.open("a") as out:
