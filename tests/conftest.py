@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -56,8 +58,34 @@ DEFAULT_MODELS = {
 }
 
 
+def _own_ports() -> range:
+    """This test process's ports: below the kernel's ephemeral range, where `bind(0)` and every client
+    connection take theirs, and a block per xdist worker. A port handed out stays free until the server
+    started on it binds it: no other worker and no outgoing connection takes it in between."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768  # Linux's default
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    first = 20000 + 1000 * (int(worker) if worker.isdigit() else 0)
+    return range(first, first + 1000) if first + 1000 <= ephemeral else range(0)
+
+
+_PORTS = _own_ports()
+_NEXT = itertools.count(random.randrange(len(_PORTS) or 1))  # another run at once starts elsewhere in the block
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on now, for a server a test starts."""
+    for _ in _PORTS:
+        port = _PORTS[next(_NEXT) % len(_PORTS)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use
+            return port
+    with socket.socket() as s:  # no block of its own (an unusual ephemeral range, many workers): the kernel's
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

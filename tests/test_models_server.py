@@ -20,7 +20,12 @@ from tests.conftest import ROOT, free_port, make_public
 from tests.tiny_models import build_all
 
 
-def _launch(folder, models_dir, public, deployment, budget_gb, device, token, engine, replicas, extra, env):
+def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
+                        budget_gb: float | None = None, device: str = "cpu", token: str | None = None,
+                        engine: str = "flask", replicas: int = 1, extra: tuple[str, ...] = (),
+                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The real models_server.py on a free loopback port; returns once /running answers. `extra`: more config
+    lines; `env`: its environment. The log is at `proc.log_path`."""
     port = free_port()
     lines = [f"root: {ROOT}", f"public_dir: {public}", f"local_models_dir: {models_dir}",
              f"local_deployment: {deployment}", f"device: {device}", "openai: {api_key: unused}",
@@ -37,30 +42,16 @@ def _launch(folder, models_dir, public, deployment, budget_gb, device, token, en
                              engine, "--replicas", str(replicas)], stdout=log_path.open("w"),
                             stderr=subprocess.STDOUT, cwd=folder, env=env)
     proc.log_path = log_path  # type: ignore[attr-defined]
-    return proc, f"http://127.0.0.1:{port}", log_path
-
-
-def start_models_server(folder: Path, models_dir: Path, public: Path, deployment: str = "standard",
-                        budget_gb: float | None = None, device: str = "cpu", token: str | None = None,
-                        engine: str = "flask", replicas: int = 1, extra: tuple[str, ...] = (),
-                        env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """The real models_server.py on a free loopback port; returns once /running answers. `extra`: more config
-    lines; `env`: its environment. The log is at `proc.log_path`."""
-    for attempt in range(3):
-        proc, url, log_path = _launch(folder, models_dir, public, deployment, budget_gb, device, token, engine,
-                                      replicas, extra, env)
-        auth = {"Authorization": f"Bearer {token}"} if token else {}
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if requests.get(url + "/running", headers=auth, timeout=1).ok:
-                    return proc, url
-            except requests.RequestException:
-                time.sleep(0.1)
-        proc.kill()
-        proc.wait(10)
-        if "is already in use" not in log_path.read_text() or attempt == 2:
-            break  # else another test process took the free port before the server bound it: another port
+    url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(url + "/running", headers=auth, timeout=1).ok:
+                return proc, url
+        except requests.RequestException:
+            time.sleep(0.1)
+    proc.kill()
     raise RuntimeError(f"the {engine} models server did not start:\n{log_path.read_text()[-3000:]}")
 
 
