@@ -39,7 +39,6 @@ class Module:
     path: str
     goal: float
     tests: tuple[str, ...]
-    fast: tuple[str, ...] = ()  # --fast's files where not the module's *_units.py files
 
 
 @dataclass
@@ -68,7 +67,7 @@ class Score:
 def settings() -> tuple[dict, dict[str, Module], dict[str, list[str]]]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     audit = data["tool"]["mutation-audit"]
-    modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]), tuple(m.get("fast", ())))
+    modules = {name: Module(name, m["path"], float(m["goal"]), tuple(m["tests"]))
                for name, m in audit["modules"].items()}
     quick = dict(audit.get("quick", {}))
     base = dict(data["tool"]["mutmut"])
@@ -112,7 +111,14 @@ def prepare(module: Module, base: dict) -> Path:
             path.unlink()
     config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests),
                   forkserver_warmup="import", preload_modules_file=str(preload(module, folder)))
-    (folder / "pyproject.toml").write_text(
+    written = folder / "pyproject.toml"
+    before = (tomllib.loads(written.read_text())["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
+              if written.exists() else list(module.tests))
+    if before != list(module.tests) and set(before) <= set(module.tests):
+        # mutmut resets every verdict when the test selection changes, unless it collects its stats afresh.
+        # With files only added, what was killed stays killed: keep the verdicts; --recheck runs the survivors.
+        (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    written.write_text(
         "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
         + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
     return folder
@@ -212,8 +218,26 @@ def score_of(folder: Path, module: Module) -> Score:
     return s
 
 
+def seed_from_fast(module: Module, folder: Path) -> bool:
+    """Start a module's full run from its --fast run's verdicts, where it has none of its own.
+
+    The full run's tests are a superset of the fast ones, so what the fast tests killed stays killed; mutmut
+    collects which test reaches which function afresh (no stats are copied, so a changed test selection does
+    not reset the verdicts) and runs only what the fast run left unchecked, then --recheck runs the survivors
+    against every covering file. A function changed since is mutated again (mutmut compares its hash)."""
+    fast = WORK / f"{module.name}-fast"
+    if (folder / "mutants").exists() or not (fast / "mutants").exists() or module.name.endswith(("-fast", "-quick")):
+        return False
+    shutil.copytree(fast / "mutants", folder / "mutants",
+                    ignore=lambda _dir, names: [n for n in names if n == "mutmut-stats.json"])
+    if (fast / "audit.json").exists():  # the minutes the fast run took count toward this row
+        shutil.copy2(fast / "audit.json", folder / "audit.json")
+    return True
+
+
 def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None, restat: bool = False) -> Score:
     folder = prepare(module, base)
+    seed_from_fast(module, folder)
     if restat:  # which test reaches which function is collected again (mutmut keeps it otherwise)
         (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     log = folder / "mutmut.log"
@@ -222,8 +246,9 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     code = mutmut(folder, *args, log=log)
     if code != 0 and (folder / "mutants").exists():
         # results kept from before a source or test change can name mutants that no longer exist, and mutmut
-        # then stops ("Failed to run clean test"): start this module afresh once
+        # then stops ("Failed to run clean test"): start this module afresh once (from its --fast verdicts, if any)
         shutil.rmtree(folder / "mutants")
+        seed_from_fast(module, folder)
         code = mutmut(folder, *args, log=log)
     if code == 0 and recheck:
         again = [n for n, st in statuses(folder, module).items() if st in ("survived", "no tests", "not checked")]
@@ -327,8 +352,7 @@ def main() -> int:
         if args.table:
             parser.error("--fast runs are not the table's figures: leave out --table")
         modules = {n + "-fast": Module(n + "-fast", modules[n].path, modules[n].goal,
-                                       modules[n].fast
-                                       or tuple(t for t in modules[n].tests if t.endswith("_units.py"))
+                                       tuple(t for t in modules[n].tests if t.endswith("_units.py"))
                                        or modules[n].tests[:1])
                    for n in names if n in modules}
         names = [n + "-fast" if n + "-fast" in modules else n for n in names]
