@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import sqlite3
 import sys
@@ -924,6 +925,30 @@ def test_card_vectors_are_cached_on_disk_per_model_precision_and_catalog(tmp_pat
                 r._cache_file(cards[:1])}) == 5
     assert r._cache_file(cards) == first
     assert semantic_ranker(None)[0]._cache_file(cards) is None
+
+
+@pytest.mark.parametrize("damage", ["not a zip", "lengths differ", "no vectors"])
+def test_a_damaged_card_cache_is_embedded_again_and_rewritten(tmp_path, caplog, damage):
+    cards = [card("org/german", description="german"), card("org/english", description="english")]
+    r, _ = semantic_ranker(tmp_path, catalog=cards)
+    path = r._cache_file(cards)
+    keys = np.array([c.id + c.task for c in cards])
+    if damage == "not a zip":
+        path.write_bytes(b"PK\x03\x04 cut short")
+    elif damage == "lengths differ":  # a first row that is not the first card's vector, and no second row
+        np.savez(path, keys=keys, vectors=np.full((1, len(WordEncoder.WORDS)), 7.0, dtype=np.float32))
+    else:
+        np.savez(path, keys=keys)
+    with caplog.at_level(logging.WARNING, logger="hugginggpt.catalog.semantic"):
+        r.warm(cards)
+    assert "is unreadable" in caplog.text and path.name in caplog.text
+    fresh, _ = semantic_ranker(None, catalog=cards)
+    fresh.warm(cards)
+    for c in cards:
+        np.testing.assert_array_equal(r.card_vector(c), fresh.card_vector(c))
+    again, enc = semantic_ranker(tmp_path, catalog=cards)  # the file is whole again
+    again.warm(cards)
+    assert enc.calls == []
 
 
 def test_warm_keeps_one_cache_file_for_the_catalog_and_cards_beside_it(tmp_path):
@@ -2881,14 +2906,6 @@ def test_the_card_cache_file_name_is_the_one_earlier_versions_wrote(tmp_path):
     for precision in ("fp32", "int8"):
         r, _ = semantic_ranker(tmp_path, encoder=WordEncoder(precision))
         assert r._cache_file(cards) == tmp_path / name(precision)
-
-
-def test_a_cache_file_with_more_keys_than_vectors_is_an_error(tmp_path):
-    cards = [card("org/german", description="german"), card("org/english", description="english")]
-    r, enc = semantic_ranker(tmp_path)
-    np.savez(r._cache_file(cards), keys=np.array([c.id + c.task for c in cards]), vectors=np.zeros((1, 5)))
-    with pytest.raises(ValueError):
-        r.warm(cards)
 
 
 def test_an_encoder_that_loses_a_card_is_an_error(tmp_path):

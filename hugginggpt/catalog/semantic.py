@@ -106,7 +106,7 @@ class SemanticRanker:
         with self._lock:
             if self._model is None:
                 self._model = load_encoder(self.model_path, self.cache_dir, self.device, self.wanted_precision)
-                real = getattr(self._model, "precision", "fp32")
+                real = self.precision  # what the loaded encoder is
                 if real != self.wanted_precision:  # e.g. int8 failed: card vectors read for int8 are not these
                     self.wanted_precision = real
                     self._card_vectors.clear()
@@ -148,9 +148,11 @@ class SemanticRanker:
             cards = self.catalog + [c for c in missing if c not in self.catalog]
         cache = self._cache_file(cards)
         if cache is not None and cache.is_file():
-            data = np.load(cache)
-            keys, vectors = list(data["keys"]), data["vectors"]
-            self._card_vectors.update({str(k): v for k, v in zip(keys, vectors, strict=True)})
+            try:
+                with np.load(cache) as data:
+                    self._card_vectors.update(dict(zip(map(str, data["keys"]), data["vectors"], strict=True)))
+            except Exception as exc:  # noqa: BLE001 - a damaged cache is embedded again and rewritten
+                log.warning("card embedding cache %s is unreadable (%s); embedding the cards again", cache, exc)
             missing = [c for c in cards if c.id + c.task not in self._card_vectors]
             if not missing:
                 return
