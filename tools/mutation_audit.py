@@ -111,17 +111,23 @@ def prepare(module: Module, base: dict) -> Path:
             path.unlink()
     config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests),
                   forkserver_warmup="import", preload_modules_file=str(preload(module, folder)))
-    written = folder / "pyproject.toml"
-    before = (tomllib.loads(written.read_text())["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
-              if written.exists() else list(module.tests))
-    if before != list(module.tests) and set(before) <= set(module.tests):
-        # mutmut resets every verdict when the test selection changes, unless it collects its stats afresh.
-        # With files only added, what was killed stays killed: keep the verdicts; --recheck runs the survivors.
-        (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-    written.write_text(
+    keep_verdicts_when_tests_are_added(folder, module.tests)
+    (folder / "pyproject.toml").write_text(
         "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
         + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
     return folder
+
+
+def keep_verdicts_when_tests_are_added(folder: Path, tests: tuple[str, ...]) -> None:
+    """mutmut resets every verdict when the test selection changes, unless it collects its stats afresh. With
+    files only added, what was killed stays killed: drop the stats to keep the verdicts (--recheck runs the
+    survivors). Called before the folder's configuration is written anew."""
+    written = folder / "pyproject.toml"
+    if not written.exists():
+        return
+    before = tomllib.loads(written.read_text())["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
+    if before != list(tests) and set(before) <= set(tests):
+        (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
 
 
 def clean_env() -> dict[str, str]:
@@ -218,21 +224,20 @@ def score_of(folder: Path, module: Module) -> Score:
     return s
 
 
-def seed_from_fast(module: Module, folder: Path) -> bool:
+def seed_from_fast(module: Module, folder: Path) -> None:
     """Start a module's full run from its --fast run's verdicts, where it has none of its own.
 
     The full run's tests are a superset of the fast ones, so what the fast tests killed stays killed; mutmut
     collects which test reaches which function afresh (no stats are copied, so a changed test selection does
     not reset the verdicts) and runs only what the fast run left unchecked, then --recheck runs the survivors
     against every covering file. A function changed since is mutated again (mutmut compares its hash)."""
-    fast = WORK / f"{module.name}-fast"
-    if (folder / "mutants").exists() or not (fast / "mutants").exists() or module.name.endswith(("-fast", "-quick")):
-        return False
+    fast = WORK / f"{module.name}-fast"  # a -fast or -quick module has no such folder
+    if (folder / "mutants").exists() or not (fast / "mutants").exists():
+        return
     shutil.copytree(fast / "mutants", folder / "mutants",
                     ignore=lambda _dir, names: [n for n in names if n == "mutmut-stats.json"])
     if (fast / "audit.json").exists():  # the minutes the fast run took count toward this row
         shutil.copy2(fast / "audit.json", folder / "audit.json")
-    return True
 
 
 def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None, restat: bool = False) -> Score:

@@ -1,0 +1,76 @@
+"""tools/mutation_audit.py keeps mutmut's verdicts where they stay sound: a full run starts from its fast run's,
+and files added to a module's list do not make mutmut discard them (docs/TESTING.md, "How to run it")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def audit(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("mutation_audit", ROOT / "tools" / "mutation_audit.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "mutation_audit", module)  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "WORK", tmp_path)
+    return module
+
+
+def fast_folder(work: Path, name: str) -> Path:
+    mutants = work / f"{name}-fast" / "mutants" / "hugginggpt"
+    mutants.mkdir(parents=True)
+    (mutants / "access.py.meta").write_text(json.dumps({"exit_code_by_key": {"a__mutmut_1": 1, "a__mutmut_2": 0}}))
+    (mutants.parent / "mutmut-stats.json").write_text("{}")
+    (work / f"{name}-fast" / "audit.json").write_text(json.dumps({"minutes": 12.5, "date": "2026-11-26"}))
+    return work / f"{name}-fast"
+
+
+def test_a_full_run_starts_from_the_fast_runs_verdicts_without_its_stats(audit, tmp_path):
+    fast_folder(tmp_path, "access")
+    full = tmp_path / "access"
+    module = audit.Module("access", "hugginggpt/access.py", 0.95, ("tests/test_access_units.py",))
+    audit.seed_from_fast(module, full)
+    meta = json.loads((full / "mutants" / "hugginggpt" / "access.py.meta").read_text())
+    assert meta["exit_code_by_key"] == {"a__mutmut_1": 1, "a__mutmut_2": 0}
+    assert not (full / "mutants" / "mutmut-stats.json").exists()  # mutmut collects them for the full list
+    assert json.loads((full / "audit.json").read_text())["minutes"] == 12.5  # the fast run's minutes count
+
+
+def test_a_full_run_with_verdicts_of_its_own_keeps_them(audit, tmp_path):
+    fast_folder(tmp_path, "access")
+    own = tmp_path / "access" / "mutants" / "hugginggpt"
+    own.mkdir(parents=True)
+    (own / "access.py.meta").write_text("mine")
+    audit.seed_from_fast(audit.Module("access", "hugginggpt/access.py", 0.95, ()), tmp_path / "access")
+    assert (own / "access.py.meta").read_text() == "mine"
+    assert not (tmp_path / "access" / "audit.json").exists()
+
+
+def selection(folder: Path, tests: list[str]) -> None:
+    (folder / "mutants").mkdir(parents=True)
+    (folder / "mutants" / "mutmut-stats.json").write_text("{}")
+    (folder / "pyproject.toml").write_text(f"[tool.mutmut]\npytest_add_cli_args_test_selection = {json.dumps(tests)}\n")
+
+
+@pytest.mark.parametrize(("before", "now", "kept"), [
+    (["tests/a.py"], ("tests/a.py", "tests/b.py"), False),  # a file added: stats dropped, verdicts kept
+    (["tests/a.py", "tests/b.py"], ("tests/a.py",), True),  # a file removed: mutmut's own reset
+    (["tests/a.py"], ("tests/b.py",), True),  # another file: mutmut's own reset
+    (["tests/a.py"], ("tests/a.py",), True),  # unchanged
+])
+def test_stats_are_dropped_only_when_files_are_added(audit, tmp_path, before, now, kept):
+    selection(tmp_path, before)
+    audit.keep_verdicts_when_tests_are_added(tmp_path, now)
+    assert (tmp_path / "mutants" / "mutmut-stats.json").exists() == kept
+
+
+def test_a_folder_without_a_configuration_yet_is_left_alone(audit, tmp_path):
+    audit.keep_verdicts_when_tests_are_added(tmp_path / "new", ("tests/a.py",))
+    assert not (tmp_path / "new").exists()
