@@ -1225,6 +1225,23 @@ MUTATIONS: tuple[Mutation, ...] = (
              "self._verdicts.popitem(last=False)",
              "self._verdicts.popitem(last=True)",
              ("tests/test_discover_units.py::test_the_verdict_cache_forgets_the_least_recently_asked",)),
+    # behaviours the sixth audit session added
+    Mutation("damaged-card-cache-fails-ranking", "hugginggpt/catalog/semantic.py",
+             "            except Exception as exc:  # noqa: BLE001 - a damaged cache is embedded again and rewritten",
+             "            except KeyError as exc:  # noqa: BLE001 - a damaged cache is embedded again and rewritten",
+             ("tests/test_catalog_units.py::test_a_damaged_card_cache_is_embedded_again_and_rewritten",)),
+    Mutation("audit-seed-copies-the-fast-stats", "tools/mutation_audit.py",
+             "                    ignore=lambda _dir, names: [n for n in names if n == \"mutmut-stats.json\"])",
+             "                    ignore=None)",
+             ("tests/test_mutation_audit.py",)),
+    Mutation("audit-seed-over-own-verdicts", "tools/mutation_audit.py",
+             "    if (folder / \"mutants\").exists() or not (fast / \"mutants\").exists():",
+             "    if not (fast / \"mutants\").exists():",
+             ("tests/test_mutation_audit.py",)),
+    Mutation("audit-added-files-reset-the-verdicts", "tools/mutation_audit.py",
+             "    if before != list(tests) and set(before) <= set(tests):",
+             "    if before != list(tests) and set(before) >= set(tests):",
+             ("tests/test_mutation_audit.py",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
