@@ -352,3 +352,187 @@ def test_task_counts_are_counted_once_until_the_next_write(tmp_path):
     assert len([s for s in seen if "GROUP BY" in s]) == 2
     store._r.set_trace_callback(None)
     store.close()
+
+
+# ---------------------------------------------------------------------------------------------- the file and its readers
+
+
+def test_the_store_file_may_sit_in_folders_not_made_yet_and_its_index_sits_beside_it(tmp_path):
+    # `catalog_store: data/cache/x/catalog.sqlite` on a fresh box: the folders are made; the index is the
+    # folder an operator finds next to the file (and what an upgrade must find again instead of rebuilding)
+    path = tmp_path / "a" / "b" / "catalog.sqlite"
+    store = CatalogStore(path, AxisEmbedder())
+    store.upsert([row("org/a", description="german")])
+    store.embed_pending()
+    store.compile_index()
+    assert path.is_file()
+    assert (tmp_path / "a" / "b" / "catalog.sqlite.index" / "manifest.json").is_file()
+    store.close()
+
+
+def test_a_cards_parameter_count_and_weight_bytes_are_kept_in_the_file(tmp_path):
+    # what the Hub sync read about a model's size is in the file for an operator's query (sqlite3 catalog.sqlite)
+    import sqlite3
+
+    path = tmp_path / "s.sqlite"
+    store = CatalogStore(path, None)
+    store.upsert([row("org/a", params=110_000_000, weight_bytes=440_000_000, size_mb=420.0)])
+    store.close()
+    with sqlite3.connect(path) as conn:
+        got = conn.execute("SELECT params, weight_bytes, size_mb FROM models WHERE id='org/a'").fetchone()
+    assert got == (110_000_000, 440_000_000, 420.0)
+
+
+def test_the_text_hash_of_a_card_is_what_earlier_releases_stored():
+    # vectors are kept per text hash: another hash for the same text re-embeds every card of an upgraded store
+    from hugginggpt.catalog import card_from_row
+    from hugginggpt.catalog.store import text_hash
+
+    card = card_from_row({"id": "org/a", "task": "translation", "description": "German to English"})
+    assert text_hash(card) == "63054344e8633e9b"  # blake2b, 8 bytes, of the card's text
+
+
+@pytest.mark.parametrize("indexed", [False, True], ids=["keyword-only", "indexed"])
+def test_a_store_opened_again_counts_the_cards_already_in_it(tmp_path, indexed):
+    # a server restarting on a synced store lists its tasks before anything is written
+    path = tmp_path / "s.sqlite"
+    first = CatalogStore(path, AxisEmbedder() if indexed else None)
+    first.upsert([row("org/a", description="german"), row("org/b"), row("org/s", "summarization")])
+    if indexed:
+        first.embed_pending()
+        first.compile_index()
+    first.close()
+    again = CatalogStore(path, AxisEmbedder() if indexed else None)
+    assert again.tasks() == {"translation": 2, "summarization": 1}
+    again.close()
+
+
+def test_an_unchanged_index_is_not_read_again(tmp_path):
+    # every search looks for a newer index (at most once a second); only a new manifest opens new arrays
+    store = axis_store(tmp_path, [row("org/a", description="german")])
+    view = store._view
+    store.reload()
+    assert store._view is view
+    store.upsert([row("org/b", description="english")])
+    store.embed_pending()
+    store.compile_index()
+    assert store._view is not view
+    store.close()
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+
+def test_a_store_is_read_and_written_from_other_threads_than_its_own(tmp_path):
+    # the server opens the store once and serves each request on a thread of its own
+    import threading
+
+    store = axis_store(tmp_path, [row("org/a", description="german")])
+    got, errors = [], []
+
+    def work():
+        try:
+            got.append(ids(store.search("translation", "german", limit=1)))
+            store.upsert([row("org/b", description="english")])
+            store.health.record("org/a", ok=False, error="boom")
+            got.append(store.tasks())
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(30)
+    assert errors == [] and got == [["org/a"], {"translation": 2}]
+    store.close()
+
+
+def test_health_is_read_while_another_thread_holds_a_write_open(tmp_path):
+    # a search's look at other workers' failures reads with the reader connection: a long sync write is no wait
+    import threading
+
+    store = CatalogStore(tmp_path / "s.sqlite", None)
+    store.upsert([row("org/a")])
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store.transaction():
+            inside.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    assert inside.wait(30)
+    reader = threading.Thread(target=store.health.sync)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    release.set()
+    writer.join(30)
+    reader.join(30)
+    assert not blocked
+    store.close()
+
+
+def test_a_failure_recorded_during_a_write_that_rolls_back_is_kept(tmp_path):
+    # health shares the store's write lock: its record waits for the other write instead of joining it
+    import sqlite3
+    import threading
+
+    path = tmp_path / "s.sqlite"
+    store = CatalogStore(path, None)
+    inside, release = threading.Event(), threading.Event()
+
+    def sync_that_fails():
+        try:
+            with store.transaction() as w:
+                w.execute("INSERT INTO meta(key, value) VALUES ('half', 'written')")
+                inside.set()
+                release.wait(30)
+                raise RuntimeError("the sync failed")
+        except RuntimeError:
+            pass
+
+    writer = threading.Thread(target=sync_that_fails)
+    writer.start()
+    assert inside.wait(30)
+    recorder = threading.Thread(target=store.health.record, args=("org/a", False), kwargs={"error": "boom"})
+    recorder.start()
+    recorder.join(0.5)  # with the lock shared it waits here; without, it writes into the sync's transaction
+    release.set()
+    writer.join(30)
+    recorder.join(30)
+    store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT failed, last_error FROM health WHERE model='org/a'").fetchall() == [(1, "boom")]
+        assert conn.execute("SELECT value FROM meta WHERE key='half'").fetchall() == []
+
+
+def test_a_record_never_changes_the_health_table_another_thread_is_reading(tmp_path):
+    # a search iterates the failures (failed_since) while an execution on another thread records one: changing
+    # the dict under it would fail that search with "dictionary changed size during iteration"
+    store = CatalogStore(tmp_path / "s.sqlite", None)
+    store.health.record("org/a", ok=False, error="boom")
+    being_read = store.health._rows
+    store.health.record("org/b", ok=False, error="boom")
+    assert list(being_read) == ["org/a"]
+    assert store.health.failed_since(0) == {"org/a", "org/b"}
+    store.close()
+
+
+def test_health_is_read_again_only_after_someone_wrote_to_it(tmp_path):
+    # every search looks at other workers' failures: one PRAGMA when nothing changed, not the whole table
+    store = CatalogStore(tmp_path / "s.sqlite", None)
+    store.health.record("org/a", ok=False, error="boom")
+    seen = []
+    store._r.set_trace_callback(seen.append)
+    store.health.sync()
+    store.health.sync()
+    store.health.sync()
+    other = CatalogStore(tmp_path / "s.sqlite", None)  # another worker records a failure
+    other.health.record("org/b", ok=False, error="boom")
+    other.close()
+    store.health.sync()
+    store._r.set_trace_callback(None)
+    assert len([s for s in seen if "FROM health" in s]) == 2
+    assert store.health.failed_since(0) == {"org/a", "org/b"}
+    store.close()

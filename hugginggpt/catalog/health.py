@@ -54,7 +54,7 @@ class Health:
         self.reader, self.reader_lock = reader if reader is not None else (conn, self.lock)
         self.half_life_s = half_life_hours * 3600.0
         self.clock = clock
-        self._version: int | None = None
+        self._version: int | None = None  # pragma: no mutate: any non-int differs from every data_version
         with self.lock:
             conn.executescript(SCHEMA)
         self.sync()
@@ -68,9 +68,8 @@ class Health:
                 return
             rows = self.reader.execute(f"SELECT {COLUMNS} FROM health").fetchall()
             self._version = version
-        fresh = {r[0]: ModelHealth(*r) for r in rows}
-        with self.lock:
-            self._rows = fresh
+        # swapped in whole, without the write lock: a search here never waits for a sync's long write
+        self._rows = {r[0]: ModelHealth(*r) for r in rows}
 
     def record(self, model_id: str, ok: bool, seconds: float | None = None, error: str | None = None) -> None:
         """One execution of `model_id`: persisted before returning."""
@@ -94,7 +93,7 @@ class Health:
                 if own and self.conn.in_transaction:
                     self.conn.execute("""ROLLBACK""")
                 raise
-            self._rows[model_id] = h
+            self._rows = {**self._rows, model_id: h}  # a new dict: one being read is never changed under it
 
     @staticmethod
     def _update(h: ModelHealth, ok: bool, seconds: float | None, error: str | None, now: float) -> None:
