@@ -26,6 +26,7 @@ from tests.fakes.llm_server import ScriptedLLM, ThreadedServer
 from tests.fakes.models_server import FakeModels
 
 _CHILD_HITS: list[mutmut_hits.ChildHits] = []
+_SHARED_HITS = mutmut_hits.SharedFixtureHits()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,10 +41,21 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     mutmut_hits.fastest_files_first(items)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Under mutmut's stats only: what a module or session fixture reaches counts for every test using it."""
+    if not _CHILD_HITS or fixturedef.scope == "function":
+        yield
+        return
+    before = _SHARED_HITS.reached_so_far()
+    yield
+    _SHARED_HITS.set_up(fixturedef, before)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem) -> None:
     for hits in _CHILD_HITS:
-        mutmut_hits.hand_to_mutmut(hits)
+        mutmut_hits.hand_to_mutmut(hits, _SHARED_HITS, item)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = {

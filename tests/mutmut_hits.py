@@ -44,6 +44,36 @@ class ChildHits:
         return names
 
 
+class SharedFixtureHits:
+    """Functions reached while a fixture wider than one test (module, session) was set up, by fixture.
+
+    mutmut counts them for the one test during whose setup they ran. A module's app built once
+    (`create_app` in a module fixture) serves every later test of the file through its routes, so a mutant
+    there changes them all: each test that uses the fixture counts with what its setup reached."""
+
+    def __init__(self) -> None:
+        self.by_fixture: dict[int, set[str]] = {}
+
+    @staticmethod
+    def reached_so_far() -> set[str]:
+        from mutmut.state import state
+
+        return set(state()._stats)
+
+    def set_up(self, fixturedef, before: set[str]) -> None:
+        new = self.reached_so_far() - before
+        if new:
+            self.by_fixture.setdefault(id(fixturedef), set()).update(new)
+
+    def used_by(self, item) -> set[str]:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        names: set[str] = set()
+        for name in getattr(item, "fixturenames", ()):
+            for fixturedef in defs.get(name, ()):
+                names |= self.by_fixture.get(id(fixturedef), set())
+        return names
+
+
 def start() -> ChildHits | None:
     """Called at session start; None outside mutmut."""
     mode = os.environ.get("MUTANT_UNDER_TEST")
@@ -60,10 +90,10 @@ def start() -> ChildHits | None:
     return hits
 
 
-def hand_to_mutmut(hits: ChildHits) -> None:
+def hand_to_mutmut(hits: ChildHits, shared: SharedFixtureHits, item) -> None:
     from mutmut.state import state
 
-    state()._stats.update(hits.collect())
+    state()._stats.update(hits.collect() | shared.used_by(item))
 
 
 def fastest_files_first(items: list) -> None:

@@ -74,3 +74,67 @@ def test_stats_are_dropped_only_when_files_are_added(audit, tmp_path, before, no
 def test_a_folder_without_a_configuration_yet_is_left_alone(audit, tmp_path):
     audit.keep_verdicts_when_tests_are_added(tmp_path / "new", ("tests/a.py",))
     assert not (tmp_path / "new").exists()
+
+
+SHARED_FIXTURE_TESTS = '''
+import pytest
+from mutmut.state import state
+
+
+@pytest.fixture(scope="module")
+def app():
+    state()._stats.add("hugginggpt.modelhost.app.x_create_app")  # what mutmut's trampoline records
+    return "app"
+
+
+def test_first(app):
+    state()._stats.add("hugginggpt.plan.x_parse")
+
+
+def test_second(app):
+    pass
+
+
+def test_without_it():
+    pass
+'''
+
+COLLECTOR = '''
+import json, os
+import pytest
+from mutmut.state import state
+
+SEEN = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):  # as mutmut's stats collector: after the project's own hook
+    SEEN[item.name] = sorted(state()._stats)
+    state()._stats.clear()
+
+
+def pytest_sessionfinish(session):
+    with open(os.environ["SEEN_FILE"], "w") as f:
+        json.dump(SEEN, f)
+'''
+
+
+def test_what_a_module_fixture_reached_counts_for_every_test_that_uses_it(tmp_path):
+    """Under mutmut's stats a function reached while a module fixture was set up counts for each test using
+    that fixture, not only the first (docs/TESTING.md, "Code the tests reach only inside a server they start")."""
+    import os
+    import subprocess
+
+    (tmp_path / "test_shared.py").write_text(SHARED_FIXTURE_TESTS)
+    (tmp_path / "collector.py").write_text(COLLECTOR)
+    seen = tmp_path / "seen.json"
+    env = {**os.environ, "MUTANT_UNDER_TEST": "stats", "SEEN_FILE": str(seen),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "collector",
+                          "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tmp_path),
+                          str(tmp_path / "test_shared.py")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    app = "hugginggpt.modelhost.app.x_create_app"
+    assert json.loads(seen.read_text()) == {"test_first": [app, "hugginggpt.plan.x_parse"], "test_second": [app],
+                                            "test_without_it": []}
