@@ -138,3 +138,10 @@ def test_what_a_module_fixture_reached_counts_for_every_test_that_uses_it(tmp_pa
     app = "hugginggpt.modelhost.app.x_create_app"
     assert json.loads(seen.read_text()) == {"test_first": [app, "hugginggpt.plan.x_parse"], "test_second": [app],
                                             "test_without_it": []}
+
+
+def test_a_recheck_runs_again_only_verdicts_older_than_the_run(audit):
+    before = {"kept": ("survived", 4.0), "judged": ("survived", 4.0), "new": ("killed", 1.0), "stopped": ("not checked", None)}
+    after = {"kept": ("survived", 4.0), "judged": ("survived", 9.5), "fresh": ("survived", 3.0),
+             "new": ("killed", 1.0), "stopped": ("not checked", None), "untested": ("no tests", 0.0)}
+    assert audit.rerun(before, after) == ["kept", "stopped"]

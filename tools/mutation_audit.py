@@ -203,6 +203,14 @@ def statuses(folder: Path, module: Module) -> dict[str, str]:
     return names
 
 
+def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]]:
+    """Mutant name -> (status, seconds its tests took): a mutant run again gets a new duration."""
+    took: dict[str, float | None] = {}
+    for meta in (folder / "mutants").rglob("*.py.meta"):
+        took.update(json.loads(meta.read_text()).get("durations_by_key", {}))
+    return {name: (st, took.get(name)) for name, st in statuses(folder, module).items()}
+
+
 def excluded_lines(module: Module) -> int:
     count = 0
     for path in sorted(p for p in ROOT.glob(module.path) if p.suffix == ".py"):
@@ -246,6 +254,7 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     if restat:  # which test reaches which function is collected again (mutmut keeps it otherwise)
         (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     log = folder / "mutmut.log"
+    before = verdicts(folder, module)
     started = time.monotonic()
     args = ["run"] + ([f"--max-children={max_children}"] if max_children else [])
     code = mutmut(folder, *args, log=log)
@@ -256,7 +265,7 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
         seed_from_fast(module, folder)
         code = mutmut(folder, *args, log=log)
     if code == 0 and recheck:
-        again = [n for n, st in statuses(folder, module).items() if st in ("survived", "no tests", "not checked")]
+        again = rerun(before, verdicts(folder, module))
         for i in range(0, len(again), 200):
             code = mutmut(folder, *args, *again[i:i + 200], log=log) or code
     minutes = (time.monotonic() - started) / 60
@@ -268,6 +277,13 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
         tail = log.read_text(errors="replace").splitlines()[-30:]
         raise SystemExit(f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(tail))
     return score_of(folder, module)
+
+
+def rerun(before: dict[str, tuple[str, float | None]], after: dict[str, tuple[str, float | None]]) -> list[str]:
+    """What --recheck runs again: the unchecked, and survivors whose verdict (status and duration) is older than
+    this run. A mutant the run itself just judged (its function changed, or it was new) is not run twice."""
+    return [n for n, (st, took) in after.items()
+            if st == "not checked" or (st in ("survived", "no tests") and before.get(n) == (st, took))]
 
 
 def row(s: Score, goal: float) -> str:
