@@ -271,16 +271,20 @@ def _open(target: Target, timeout: float, proxy: str | None,
             manager = urllib3.ProxyManager(proxy, timeout=limits, retries=False)
             manager.pool_classes_by_scheme = WATCHED_POOL_CLASSES  # its sockets end at the deadline too
             return manager, manager.urlopen("GET", target.url, headers=send,
-                                            redirect=False, preload_content=False)  # pragma: no mutate: None is false too
+                                            redirect=False, preload_content=False,  # pragma: no mutate: None is false too
+                                            )
         if target.scheme == "https":
             # a valid certificate for the name, not the address we connect to (said here though urllib3's default)
             pool: urllib3.HTTPConnectionPool = WatchedHTTPSConnectionPool(
-                target.address, target.port, timeout=limits, retries=False, server_hostname=target.host,
-                assert_hostname=target.host, cert_reqs="CERT_REQUIRED")  # pragma: no mutate: no TLS peer in tests
+                target.address, target.port, timeout=limits, retries=False,
+                server_hostname=target.host,  # pragma: no mutate: no TLS peer in tests
+                assert_hostname=target.host, cert_reqs="CERT_REQUIRED",  # pragma: no mutate: no TLS peer in tests
+            )
         else:
             pool = WatchedHTTPConnectionPool(target.address, target.port, timeout=limits, retries=False)
         return pool, pool.urlopen("GET", target.request_target, headers=send,  # a path: always the pool's host
-                                  redirect=False, preload_content=False)  # pragma: no mutate: None is false too
+                                  redirect=False, preload_content=False,  # pragma: no mutate: None is false too
+                                  )
     except urllib3.exceptions.HTTPError as exc:
         raise ResourceError(f"fetching {redact_url(target.url)!r} failed: {exc.__class__.__name__}") from None
 

@@ -79,7 +79,9 @@ class HostedInference:
 
     def __init__(self, token: str | None, public_dir: Path, base_url: str | None = None, timeout: float = 120.0,  # pragma: no mutate: from_config passes every setting
                  status_timeout: float = 3.0, proxy: str | None = None, providers: tuple[str, ...] = (),  # pragma: no mutate: from_config passes every setting
-                 router_url: str | None = None, hub_url: str | None = None, status_ttl: float = 30.0):  # pragma: no mutate: from_config passes every setting
+                 router_url: str | None = None, hub_url: str | None = None,  # pragma: no mutate: from_config passes every setting
+                 status_ttl: float = 30.0,  # pragma: no mutate: from_config passes every setting
+                 ):
         """providers: the Inference Providers allowed, in order (empty: auto, the user's order on the Hub).
         router_url: the Hub's router (default https://router.huggingface.co); hub_url: the Hub whose model
         API says which providers serve a model (default HF_ENDPOINT, else huggingface.co). Both are followed by

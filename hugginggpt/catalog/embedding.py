@@ -101,7 +101,8 @@ def quantize_int8(source: Path, target: Path) -> Path:
     try:
         quantize_dynamic(str(source), str(tmp), op_types_to_quantize=["MatMul"], per_channel=True,
                          reduce_range=True,
-                         weight_type=QuantType.QInt8)  # pragma: no mutate: ONNX Runtime's default; said for the reader
+                         weight_type=QuantType.QInt8,  # pragma: no mutate: ONNX Runtime's default; said for the reader
+                         )
         os.replace(tmp, target)
     finally:
         root.removeFilter(_no_preprocessing_advice)
@@ -145,10 +146,13 @@ class OnnxEncoder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(onnx_file), options,
-                                            providers=["CPUExecutionProvider"])  # pragma: no mutate: CPU for any name
+        self.session = ort.InferenceSession(
+            str(onnx_file), options,
+            providers=["CPUExecutionProvider"],  # pragma: no mutate: ONNX Runtime falls back to CPU for any name
+        )
         self._tokenizer_json = (self.model_path / "tokenizer.json").read_text(
-            encoding="utf-8")  # pragma: no mutate: codec names ignore case; None differs on a non-UTF-8 locale only
+            encoding="utf-8",  # pragma: no mutate: codec names ignore case; None differs on a non-UTF-8 locale only
+        )
         self._tokenizer_class = Tokenizer
         self._tokenizers: dict[int, Tokenizer] = {}  # one per truncation length, built once
         self._lock = threading.Lock()
@@ -172,7 +176,8 @@ class OnnxEncoder:
         clipped = [t[:limit] for t in texts]
         # a few queries: one by one (no trip through the tokenizer's thread pool); a catalog: in parallel
         encodings = ([tok.encode(t) for t in clipped]  # pragma: no mutate: one by one or batched: the same
-                     if len(clipped) <= 16 else tok.encode_batch(clipped))  # pragma: no mutate: encodings either way
+                     if len(clipped) <= 16 else tok.encode_batch(clipped)  # pragma: no mutate: encodings either way
+                     )
         groups: dict[int | tuple[int, int], list[int]] = {}
         for i, enc in enumerate(encodings):
             # int8 quantizes a batch's activations with one scale, so there each text runs alone

@@ -214,7 +214,8 @@ class CatalogStore:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False,  # one connection serves every request thread
                                isolation_level=None,  # pragma: no mutate: each write opens BEGIN IMMEDIATE itself
-                               timeout=30)  # pragma: no mutate: busy_timeout below sets the same wait again
+                               timeout=30,  # pragma: no mutate: busy_timeout below sets the same wait again
+                               )
         conn.execute("PRAGMA journal_mode=WAL")  # pragma: no mutate: SQL ignores case
         conn.execute("PRAGMA synchronous=NORMAL")  # pragma: no mutate: SQL ignores case
         conn.execute("PRAGMA busy_timeout=30000")  # pragma: no mutate: SQL ignores case

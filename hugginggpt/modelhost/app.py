@@ -199,8 +199,9 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         if (size := batch_size_var.get()) is not None:
             resp.headers[BATCH_SIZE] = str(size)
         return resp
-    app.add_url_rule("/models/<path:model_id>", view_func=infer,
-                     methods=["POST"])  # pragma: no mutate: werkzeug upper-cases method names
+    app.add_url_rule("/models/<path:model_id>", view_func=infer, methods=[
+        "POST",  # pragma: no mutate: werkzeug upper-cases method names
+    ])
 
     def output_file(folder: str, name: str) -> Response:
         """Files this server generated, for an orchestrator that runs on another machine."""
