@@ -1242,6 +1242,22 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if before != list(tests) and set(before) <= set(tests):",
              "    if before != list(tests) and set(before) >= set(tests):",
              ("tests/test_mutation_audit.py",)),
+    Mutation("health-sync-waits-for-writes", "hugginggpt/catalog/health.py",
+             "        self._rows = {r[0]: ModelHealth(*r) for r in rows}",
+             "        with self.lock: self._rows = {r[0]: ModelHealth(*r) for r in rows}",
+             ("tests/test_catalog_store_units.py::test_health_is_read_while_another_thread_holds_a_write_open",)),
+    Mutation("health-record-changes-the-table-in-place", "hugginggpt/catalog/health.py",
+             "            self._rows = {**self._rows, model_id: h}  # a new dict: one being read is never changed under it",
+             "            self._rows[model_id] = h",
+             ("tests/test_catalog_store_units.py::test_a_record_never_changes_the_health_table_another_thread_is_reading",)),
+    Mutation("fixture-reach-counted-for-the-first-test-only", "tests/mutmut_hits.py",
+             "    state()._stats.update(hits.collect() | shared.used_by(item))",
+             "    state()._stats.update(hits.collect())",
+             ("tests/test_mutation_audit.py::test_what_a_module_fixture_reached_counts_for_every_test_that_uses_it",)),
+    Mutation("recheck-reruns-what-the-run-just-judged", "tools/mutation_audit.py",
+             "            if st == \"not checked\" or (st in (\"survived\", \"no tests\") and before.get(n) == (st, took))]",
+             "            if st == \"not checked\" or st in (\"survived\", \"no tests\")]",
+             ("tests/test_mutation_audit.py::test_a_recheck_runs_again_only_verdicts_older_than_the_run",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
