@@ -164,7 +164,9 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
 
     def chat_completions() -> Response:
         return admitted(lambda: _complete(read_body()))
-    app.add_url_rule("/v1/chat/completions", view_func=chat_completions, methods=["POST"])
+    app.add_url_rule("/v1/chat/completions", view_func=chat_completions, methods=[
+        "POST",  # pragma: no mutate: werkzeug upper-cases method names
+    ])
 
     def _complete(body: Any) -> Response:
         req, mode, model = chat_request(body, uploads, config, request_id())
@@ -189,7 +191,9 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
         def run() -> None:
             try:
                 result = engine.run(req, mode, on_event=listen, state_ready=work.state_ready)
-                events.put(("done", _content(result, mode)))
+                events.put((
+                    "done",  # pragma: no mutate: the reader ends the stream on any kind but token and error
+                    _content(result, mode)))
             except HuggingGPTError as exc:
                 events.put(("error", {"message": str(exc), "type": exc.kind, "param": None, "code": None}))
             except Exception as exc:  # noqa: BLE001
@@ -232,8 +236,10 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                 if not completed:
                     work.cancel()
 
-        return Response(generate(), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return Response(generate(), mimetype="text/event-stream", headers={
+            "Cache-Control": "no-cache",  # pragma: no mutate: header names ignore case
+            "X-Accel-Buffering": "no",  # pragma: no mutate: header names ignore case
+        })
 
 
 def _usage(state: RequestState | None) -> dict[str, int]:

@@ -41,5 +41,6 @@ def test_each_marker_excludes_the_line_it_is_written_on():
 def test_a_marker_after_a_closing_bracket_is_caught(tmp_path):
     pytest.importorskip("mutmut")
     code = tmp_path / "m.py"
-    code.write_text('x = f(1,\n      2)  # pragma: no mutate: said of the 2\ny = g(1,\n      2,  # pragma: no mutate: ok\n      )\n')
+    code.write_text("x = f(1,\n      2)  # pragma: no mutate: said of the 2\n"
+                    "y = g(1,\n      2,  # pragma: no mutate: ok\n      )\n")
     assert marked_and_excluded(code) == ({2, 4}, {1, 4})
