@@ -145,3 +145,19 @@ def test_a_recheck_runs_again_only_verdicts_older_than_the_run(audit):
     after = {"kept": ("survived", 4.0), "judged": ("survived", 9.5), "fresh": ("survived", 3.0),
              "new": ("killed", 1.0), "stopped": ("not checked", None), "untested": ("no tests", 0.0)}
     assert audit.rerun(before, after) == ["kept", "stopped"]
+
+
+def test_a_function_whose_text_changed_is_judged_again_even_with_the_same_ast(audit, tmp_path):
+    # mutmut keeps verdicts by mutant number while a function's AST is unchanged; a marker added there shifts
+    # the numbers, so the driver unjudges that function (and only it)
+    old = 'def f(x):\n    return g(x, "A")\n\n\nclass C:\n    def m(self):\n        return 1\n'
+    new = ('def f(x):\n    return g(x,\n             "A",  # pragma: no mutate: a reason\n             )\n\n\n'
+           'class C:\n    def m(self):\n        return 1\n')
+    meta = tmp_path / "m.py.meta"
+    meta.write_text(json.dumps({"exit_code_by_key": {"pkg.m.x_f__mutmut_1": 1, "pkg.m.x_f__mutmut_2": 0,
+                                                     "pkg.m.xǁCǁm__mutmut_1": 1}}))
+    audit.forget_reformatted(meta, old, new)
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {
+        "pkg.m.x_f__mutmut_1": None, "pkg.m.x_f__mutmut_2": None, "pkg.m.xǁCǁm__mutmut_1": 1}
+    audit.forget_reformatted(meta, new, new)  # nothing changed: nothing forgotten
+    assert json.loads(meta.read_text())["exit_code_by_key"]["pkg.m.xǁCǁm__mutmut_1"] == 1

@@ -100,6 +100,8 @@ def prepare(module: Module, base: dict) -> Path:
         src, dst = ROOT / rel, folder / rel
         if dst.exists() and dst.read_bytes() == src.read_bytes():
             continue
+        if rel.startswith("hugginggpt/") and dst.exists():
+            forget_reformatted(folder / "mutants" / f"{rel}.meta", dst.read_text(), src.read_text())
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
         if rel.startswith("hugginggpt/"):  # mutmut copies (or mutates) it again; tests/ etc. it copies every run
@@ -116,6 +118,42 @@ def prepare(module: Module, base: dict) -> Path:
         "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
         + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
     return folder
+
+
+def function_texts(source: str) -> dict[str, str]:
+    """mutmut's name for each function (x_f, xǁClassǁmethod) -> its source text, comments and layout included."""
+    import ast
+
+    texts: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        members = [(node, "")] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+            [(m, node.name) for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))] \
+            if isinstance(node, ast.ClassDef) else []
+        for fn, cls in members:
+            name = f"x\u01c1{cls}\u01c1{fn.name}" if cls else f"x_{fn.name}"
+            texts[name] = ast.get_source_segment(source, fn, padded=True) or ""
+    return texts
+
+
+def forget_reformatted(meta: Path, old: str, new: str) -> None:
+    """Unjudge the mutants of each function whose text changed. mutmut keeps a function's verdicts while its
+    AST is the same, by mutant number; a marker added there (a comment, a line split) removes mutants and
+    shifts the numbers after it, so a verdict would stick to another mutant."""
+    if not meta.exists():
+        return
+    try:
+        before, after = function_texts(old), function_texts(new)
+    except SyntaxError:
+        return
+    changed = {name for name, text in after.items() if before.get(name) not in (None, text)}
+    if not changed:
+        return
+    data = json.loads(meta.read_text())
+    codes = data["exit_code_by_key"]
+    for key in codes:
+        if key.rpartition("__mutmut_")[0].rpartition(".")[2] in changed:
+            codes[key] = None
+    meta.write_text(json.dumps(data))
 
 
 def keep_verdicts_when_tests_are_added(folder: Path, tests: tuple[str, ...]) -> None:
