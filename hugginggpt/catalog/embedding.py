@@ -181,8 +181,7 @@ class OnnxEncoder:
         groups: dict[int | tuple[int, int], list[int]] = {}
         for i, enc in enumerate(encodings):
             # int8 quantizes a batch's activations with one scale, so there each text runs alone
-            groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids),  # pragma: no mutate: fp32 alone
-                              []).append(i)  # or batched gives the same vectors (test_embedding pins it), only slower
+            groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids), []).append(i)
         vectors: list[np.ndarray | None] = [None] * len(texts)
         for rows in groups.values():
             ids = np.array([encodings[i].ids for i in rows], dtype=np.int64)  # pragma: no mutate: ints are int64
