@@ -161,3 +161,28 @@ def test_a_function_whose_text_changed_is_judged_again_even_with_the_same_ast(au
         "pkg.m.x_f__mutmut_1": None, "pkg.m.x_f__mutmut_2": None, "pkg.m.xǁCǁm__mutmut_1": 1}
     audit.forget_reformatted(meta, new, new)  # nothing changed: nothing forgotten
     assert json.loads(meta.read_text())["exit_code_by_key"]["pkg.m.xǁCǁm__mutmut_1"] == 1
+
+
+def test_a_changed_method_is_unjudged_under_mutmuts_own_name_for_it(audit, tmp_path):
+    old = "class C:\n    def m(self):\n        return 1\n\n    async def n(self):\n        return 2\n"
+    new = "class C:\n    def m(self):\n        return 1  # a comment\n\n    async def n(self):\n        return 2\n"
+    meta = tmp_path / "m.py.meta"
+    meta.write_text(json.dumps({"exit_code_by_key": {"pkg.m.xǁCǁm__mutmut_1": 1, "pkg.m.xǁCǁn__mutmut_1": 0}}))
+    audit.forget_reformatted(meta, old, new)
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {"pkg.m.xǁCǁm__mutmut_1": None,
+                                                                "pkg.m.xǁCǁn__mutmut_1": 0}
+
+
+def test_verdicts_are_read_with_their_durations_for_the_modules_files_only(audit, tmp_path):
+    mutants = tmp_path / "mutants" / "hugginggpt"
+    mutants.mkdir(parents=True)
+    (mutants / "access.py.meta").write_text(json.dumps({
+        "exit_code_by_key": {"a__mutmut_1": 1, "a__mutmut_2": 0, "a__mutmut_3": None, "a__mutmut_4": 36,
+                             "a__mutmut_5": -11},
+        "durations_by_key": {"a__mutmut_1": 0.5, "a__mutmut_2": 4.0, "a__mutmut_4": 30.0, "a__mutmut_5": 1.0}}))
+    (mutants / "other.py.meta").write_text(json.dumps({"exit_code_by_key": {"o__mutmut_1": 0}}))
+    module = audit.Module("access", "hugginggpt/access.py", ("tests/test_access.py",), 0.95)
+    assert audit.verdicts(tmp_path, module) == {
+        "a__mutmut_1": ("killed", 0.5), "a__mutmut_2": ("survived", 4.0), "a__mutmut_3": ("not checked", None),
+        "a__mutmut_4": ("timeout", 30.0), "a__mutmut_5": ("suspicious", 1.0)}
+    assert audit.statuses(tmp_path, module) == {name: st for name, (st, _) in audit.verdicts(tmp_path, module).items()}

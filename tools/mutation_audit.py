@@ -121,17 +121,25 @@ def prepare(module: Module, base: dict) -> Path:
 
 
 def function_texts(source: str) -> dict[str, str]:
-    """mutmut's name for each function (x_f, xǁClassǁmethod) -> its source text, comments and layout included."""
+    """mutmut's name for each function (x_f, xǁClassǁmethod) -> its whole lines, comments and layout included
+    (a comment after its last statement too)."""
     import ast
 
+    from mutmut.mutation.trampoline_templates import mangle_function_name
+
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    lines = source.splitlines()
     texts: dict[str, str] = {}
     for node in ast.parse(source).body:
-        members = [(node, "")] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
-            [(m, node.name) for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))] \
-            if isinstance(node, ast.ClassDef) else []
-        for fn, cls in members:
-            name = f"x\u01c1{cls}\u01c1{fn.name}" if cls else f"x_{fn.name}"
-            texts[name] = ast.get_source_segment(source, fn, padded=True) or ""
+        if isinstance(node, functions):
+            members, class_name = [node], None
+        elif isinstance(node, ast.ClassDef):
+            members, class_name = [m for m in node.body if isinstance(m, functions)], node.name
+        else:
+            continue
+        for fn in members:
+            name = mangle_function_name(name=fn.name, class_name=class_name)
+            texts[name] = "\n".join(lines[fn.lineno - 1:fn.end_lineno])
     return texts
 
 
@@ -224,29 +232,30 @@ def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
         return subprocess.run([str(exe), *args], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def statuses(folder: Path, module: Module) -> dict[str, str]:
-    """Mutant name -> mutmut's status, read from its own result files."""
+CODES = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+         37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
+
+
+def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]]:
+    """Mutant name -> (mutmut's status, seconds its tests took), read from its own result files: a mutant run
+    again gets a new duration."""
     from fnmatch import fnmatch
 
-    names: dict[str, str] = {}
-    codes = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
-             36: "timeout", 37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout",
-             255: "timeout", None: "not checked"}
+    found: dict[str, tuple[str, float | None]] = {}
     for meta in (folder / "mutants").rglob("*.py.meta"):
         rel = meta.relative_to(folder / "mutants").as_posix()[: -len(".meta")]
         if not fnmatch(rel, module.path):
             continue
-        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
-            names[name] = codes.get(code, "suspicious")
-    return names
+        data = json.loads(meta.read_text())
+        took = data.get("durations_by_key", {})
+        for name, code in data["exit_code_by_key"].items():
+            found[name] = (CODES.get(code, "suspicious"), took.get(name))
+    return found
 
 
-def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]]:
-    """Mutant name -> (status, seconds its tests took): a mutant run again gets a new duration."""
-    took: dict[str, float | None] = {}
-    for meta in (folder / "mutants").rglob("*.py.meta"):
-        took.update(json.loads(meta.read_text()).get("durations_by_key", {}))
-    return {name: (st, took.get(name)) for name, st in statuses(folder, module).items()}
+def statuses(folder: Path, module: Module) -> dict[str, str]:
+    """Mutant name -> mutmut's status."""
+    return {name: status for name, (status, _took) in verdicts(folder, module).items()}
 
 
 def excluded_lines(module: Module) -> int:
