@@ -297,3 +297,31 @@ def test_the_store_is_told_the_int8_graph_so_float32_vectors_are_re_embedded(cat
     assert int8.name == f"st:{default_model_path().name}:int8"
     store = CatalogStore.open(tmp_path / "catalog.sqlite", int8, curated=catalog.path)
     assert store.meta("embedder") == f"{int8.name}/384"
+
+
+@needs_model
+@needs_onnx
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_float32_texts_of_one_length_share_a_run_and_int8_texts_run_alone(precision, onnx_encoder, int8_encoder):
+    """A catalog sync embeds thousands of cards: in float32 those of one token count go through the graph
+    together (no padding, so each vector is what it is alone); int8 scales a batch's activations together, so
+    there each text runs alone."""
+    encoder = onnx_encoder if precision == "fp32" else int8_encoder
+    texts = ["translate this text", "find the faces", "detect the objects", "a much longer request about pictures"]
+    lengths = [len(encoder.tokenizer(MAX_TOKENS).encode(t).ids) for t in texts]
+    assert lengths[0] == lengths[1] == lengths[2] != lengths[3]
+    batches: list[int] = []
+    run = encoder.session.run
+
+    def recording(outputs, feeds):
+        batches.append(feeds["input_ids"].shape[0])
+        return run(outputs, feeds)
+
+    encoder.session.run = recording  # type: ignore[method-assign]
+    try:
+        vectors = encoder.encode(texts)
+    finally:
+        encoder.session.run = run  # type: ignore[method-assign]
+    assert sorted(batches) == ([1, 3] if precision == "fp32" else [1, 1, 1, 1])
+    alone = np.stack([encoder.encode([t])[0] for t in texts])
+    assert np.allclose(alone, vectors, atol=1e-5)

@@ -37,6 +37,8 @@ MAX_TOKENS = 64  # word pieces per query, [CLS] and [SEP] included; the rest of 
 DOCUMENT_TOKENS = 256  # model cards: the model's own limit (sentence_bert_config.json max_seq_length)
 CHARS_PER_TOKEN = 16  # characters read before tokenizing: more than max_tokens word pieces ever take
 PRECISIONS = ("int8", "fp32")
+# only against dividing a zero vector by zero: this model's mean-pooled vectors have norms of 6 to 7.5
+NORM_FLOOR = 1e-12
 
 
 class Encoder(Protocol):
@@ -178,17 +180,17 @@ class OnnxEncoder:
         encodings = ([tok.encode(t) for t in clipped]  # pragma: no mutate: one by one or batched: the same
                      if len(clipped) <= 16 else tok.encode_batch(clipped)  # pragma: no mutate: encodings either way
                      )
-        groups: dict[int | tuple[int, int], list[int]] = {}
+        groups: dict[int, list[int]] = {}  # fp32: by token count (no padding); int8: by position
         for i, enc in enumerate(encodings):
             # int8 quantizes a batch's activations with one scale, so there each text runs alone
-            groups.setdefault((i, 0) if self.precision == "int8" else len(enc.ids), []).append(i)
+            groups.setdefault(i if self.precision == "int8" else len(enc.ids), []).append(i)
         vectors: list[np.ndarray | None] = [None] * len(texts)
         for rows in groups.values():
             ids = np.array([encodings[i].ids for i in rows], dtype=np.int64)  # pragma: no mutate: ints are int64
             hidden = self.session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                              "token_type_ids": np.zeros_like(ids)})[0]
             pooled = hidden.mean(axis=1)
-            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), NORM_FLOOR)
             for row, i in enumerate(rows):
                 vectors[i] = pooled[row]
         return np.stack(vectors).astype(np.float32, copy=False)  # type: ignore[arg-type]  # pragma: no mutate: a copy is equal
