@@ -43,6 +43,21 @@ def test_a_full_run_starts_from_the_fast_runs_verdicts_without_its_stats(audit, 
     assert json.loads((full / "audit.json").read_text())["minutes"] == 12.5  # the fast run's minutes count
 
 
+def test_a_seeded_run_judges_again_the_functions_whose_text_changed_since_the_fast_run(audit, tmp_path, monkeypatch):
+    fast = fast_folder(tmp_path, "access")
+    (fast / "mutants" / "hugginggpt" / "access.py.meta").write_text(json.dumps({"exit_code_by_key": {
+        "hugginggpt.access.x_f__mutmut_1": 1, "hugginggpt.access.x_g__mutmut_1": 0}}))
+    (fast / "hugginggpt").mkdir()
+    (fast / "hugginggpt" / "access.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2\n")
+    root = tmp_path / "root"
+    (root / "hugginggpt").mkdir(parents=True)
+    (root / "hugginggpt" / "access.py").write_text("def f():\n    return 1\n\n\ndef g():\n    return 2  # pragma: no mutate\n")
+    monkeypatch.setattr(audit, "ROOT", root)
+    audit.seed_from_fast(audit.Module("access", "hugginggpt/access.py", 0.95, ()), tmp_path / "access")
+    meta = json.loads((tmp_path / "access" / "mutants" / "hugginggpt" / "access.py.meta").read_text())
+    assert meta["exit_code_by_key"] == {"hugginggpt.access.x_f__mutmut_1": 1, "hugginggpt.access.x_g__mutmut_1": None}
+
+
 def test_a_full_run_with_verdicts_of_its_own_keeps_them(audit, tmp_path):
     fast_folder(tmp_path, "access")
     own = tmp_path / "access" / "mutants" / "hugginggpt"
@@ -181,7 +196,7 @@ def test_verdicts_are_read_with_their_durations_for_the_modules_files_only(audit
                              "a__mutmut_5": -11},
         "durations_by_key": {"a__mutmut_1": 0.5, "a__mutmut_2": 4.0, "a__mutmut_4": 30.0, "a__mutmut_5": 1.0}}))
     (mutants / "other.py.meta").write_text(json.dumps({"exit_code_by_key": {"o__mutmut_1": 0}}))
-    module = audit.Module("access", "hugginggpt/access.py", ("tests/test_access.py",), 0.95)
+    module = audit.Module("access", "hugginggpt/access.py", 0.95, ("tests/test_access.py",))
     assert audit.verdicts(tmp_path, module) == {
         "a__mutmut_1": ("killed", 0.5), "a__mutmut_2": ("survived", 4.0), "a__mutmut_3": ("not checked", None),
         "a__mutmut_4": ("timeout", 30.0), "a__mutmut_5": ("suspicious", 1.0)}

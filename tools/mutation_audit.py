@@ -291,6 +291,10 @@ def seed_from_fast(module: Module, folder: Path) -> None:
         return
     shutil.copytree(fast / "mutants", folder / "mutants",
                     ignore=lambda _dir, names: [n for n in names if n == "mutmut-stats.json"])
+    for meta in (folder / "mutants").rglob("*.py.meta"):  # the fast run's verdicts on a text changed since
+        rel = meta.relative_to(folder / "mutants").as_posix()[: -len(".meta")]
+        if (fast / rel).is_file() and (ROOT / rel).is_file():
+            forget_reformatted(meta, (fast / rel).read_text(), (ROOT / rel).read_text())
     if (fast / "audit.json").exists():  # the minutes the fast run took count toward this row
         shutil.copy2(fast / "audit.json", folder / "audit.json")
 
