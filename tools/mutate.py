@@ -1262,6 +1262,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            if st == \"not checked\" or (st in (\"survived\", \"no tests\") and before.get(n) == (st, took))]",
              "            if st == \"not checked\" or st in (\"survived\", \"no tests\")]",
              ("tests/test_mutation_audit.py::test_a_recheck_runs_again_only_verdicts_older_than_the_run",)),
+    Mutation("seed-keeps-verdicts-on-changed-text", "tools/mutation_audit.py",
+             "        if (fast / rel).is_file() and (ROOT / rel).is_file():",
+             "        if False:",
+             ("tests/test_mutation_audit.py::test_a_seeded_run_judges_again_the_functions_whose_text_changed_since_the_fast_run",)),
+    Mutation("function-text-ends-at-its-last-statement", "tools/mutation_audit.py",
+             '            texts[name] = "\\n".join(lines[fn.lineno - 1:fn.end_lineno])',
+             '            texts[name] = ast.get_source_segment(source, fn) or ""',
+             ("tests/test_mutation_audit.py::test_a_changed_method_is_unjudged_under_mutmuts_own_name_for_it",)),
 )
 
 # One or two entries per room, each on its focused tests: a few minutes on two cores, so CI runs it after pytest.
