@@ -115,6 +115,9 @@ def setup(tmp_path, monkeypatch):
     config.write_text(f"root: {tmp_path}\ncatalog: catalog.jsonl\nlocal_models_dir: models\n"
                       "local_deployment: minimal\n")
     monkeypatch.chdir(tmp_path)
+    # a relative folder missing beside root is looked for in the project next: a checkout that has its own
+    # models/ (the default download folder) would take this test's downloads
+    monkeypatch.setattr("hugginggpt.config.PROJECT_ROOT", tmp_path / "project")
     return types.SimpleNamespace(config=str(config), models=models, catalog=catalog)
 
 

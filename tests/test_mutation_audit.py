@@ -28,6 +28,7 @@ def fast_folder(work: Path, name: str) -> Path:
     mutants.mkdir(parents=True)
     (mutants / "access.py.meta").write_text(json.dumps({"exit_code_by_key": {"a__mutmut_1": 1, "a__mutmut_2": 0}}))
     (mutants.parent / "mutmut-stats.json").write_text("{}")
+    (mutants.parent / "models" / "t").mkdir(parents=True)  # what a test or mutant left in the fast run's folder
     (work / f"{name}-fast" / "audit.json").write_text(json.dumps({"minutes": 12.5, "date": "2026-11-26"}))
     return work / f"{name}-fast"
 
@@ -40,6 +41,7 @@ def test_a_full_run_starts_from_the_fast_runs_verdicts_without_its_stats(audit, 
     meta = json.loads((full / "mutants" / "hugginggpt" / "access.py.meta").read_text())
     assert meta["exit_code_by_key"] == {"a__mutmut_1": 1, "a__mutmut_2": 0}
     assert not (full / "mutants" / "mutmut-stats.json").exists()  # mutmut collects them for the full list
+    assert not (full / "mutants" / "models").exists()  # the verdicts only
     assert json.loads((full / "audit.json").read_text())["minutes"] == 12.5  # the fast run's minutes count
 
 

@@ -283,17 +283,20 @@ def seed_from_fast(module: Module, folder: Path) -> None:
     """Start a module's full run from its --fast run's verdicts, where it has none of its own.
 
     The full run's tests are a superset of the fast ones, so what the fast tests killed stays killed; mutmut
-    collects which test reaches which function afresh (no stats are copied, so a changed test selection does
-    not reset the verdicts) and runs only what the fast run left unchecked, then --recheck runs the survivors
-    against every covering file. A function changed since is mutated again (mutmut compares its hash)."""
+    collects which test reaches which function afresh (only the verdicts are copied, no stats, so a changed
+    test selection does not reset them) and runs only what the fast run left unchecked, then --recheck runs
+    the survivors against every covering file. A function changed since is mutated again (mutmut compares its hash)."""
     fast = WORK / f"{module.name}-fast"  # a -fast or -quick module has no such folder
     if (folder / "mutants").exists() or not (fast / "mutants").exists():
         return
-    shutil.copytree(fast / "mutants", folder / "mutants",
-                    ignore=lambda _dir, names: [n for n in names if n == "mutmut-stats.json"])
-    for meta in (folder / "mutants").rglob("*.py.meta"):  # the fast run's verdicts on a text changed since
-        rel = meta.relative_to(folder / "mutants").as_posix()[: -len(".meta")]
-        if (fast / rel).is_file() and (ROOT / rel).is_file():
+    for found in (fast / "mutants").rglob("*.py.meta"):
+        # the verdicts only: mutmut mutates the files again, and what a test or mutant left in the fast run's
+        # folder (a download into the project's models/) must not meet this run's tests
+        rel = found.relative_to(fast / "mutants").as_posix()[: -len(".meta")]
+        meta = folder / "mutants" / f"{rel}.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(found, meta)
+        if (fast / rel).is_file() and (ROOT / rel).is_file():  # the fast run's verdicts on a text changed since
             forget_reformatted(meta, (fast / rel).read_text(), (ROOT / rel).read_text())
     if (fast / "audit.json").exists():  # the minutes the fast run took count toward this row
         shutil.copy2(fast / "audit.json", folder / "audit.json")
