@@ -203,3 +203,15 @@ def test_verdicts_are_read_with_their_durations_for_the_modules_files_only(audit
         "a__mutmut_1": ("killed", 0.5), "a__mutmut_2": ("survived", 4.0), "a__mutmut_3": ("not checked", None),
         "a__mutmut_4": ("timeout", 30.0), "a__mutmut_5": ("suspicious", 1.0)}
     assert audit.statuses(tmp_path, module) == {name: st for name, (st, _) in audit.verdicts(tmp_path, module).items()}
+
+
+def test_a_stopped_run_says_what_mutmut_said_and_how_to_see_the_failing_test(audit, tmp_path):
+    log = tmp_path / "mutmut.log"
+    log.write_text("⠴ Generating mutants\n    done in 8265ms (1 files mutated)\n\n" + "⠏ Running stats\n" * 40
+                   + "failed to collect stats. runner returned 1\n")
+    module = audit.Module("dl", "hugginggpt/modelhost/download.py", 0.85, ("tests/a.py", "tests/b.py"))
+    said = audit.stopped(module, tmp_path, log, 1).splitlines()
+    assert said[0] == f"mutmut stopped on dl (exit 1); the end of {log}:"
+    assert said[1:3] == ["    done in 8265ms (1 files mutated)", "failed to collect stats. runner returned 1"]
+    assert said[3].startswith(f"to see the failing test: cd {tmp_path / 'mutants'} && MUTANT_UNDER_TEST=stats ")
+    assert said[3].endswith(" -m pytest -x -q tests/a.py tests/b.py") and len(said) == 4

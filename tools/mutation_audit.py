@@ -31,6 +31,7 @@ WORK = ROOT / ".mutmut"
 TABLE = ROOT / "docs" / "TESTING.md"
 TABLE_START, TABLE_END = "<!-- mutation-table:start -->", "<!-- mutation-table:end -->"
 CAUGHT = ("killed", "timeout", "caught by type check")
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"  # the frames mutmut's progress line starts with
 
 
 @dataclass(frozen=True)
@@ -328,9 +329,17 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     audit_file.write_text(json.dumps({"minutes": round(audit.get("minutes", 0.0) + minutes, 1),
                                       "date": date.today().isoformat()}))
     if code != 0:
-        tail = log.read_text(errors="replace").splitlines()[-30:]
-        raise SystemExit(f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(tail))
+        raise SystemExit(stopped(module, folder, log, code))
     return score_of(folder, module)
+
+
+def stopped(module: Module, folder: Path, log: Path, code: int) -> str:
+    """What to tell when mutmut stops: its log without the spinner, and how to see the test that failed (mutmut
+    keeps pytest's output to itself; "failed to collect stats" means a test fails with no mutant applied)."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and ln.lstrip()[:1] not in SPINNER]
+    return (f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(lines[-15:])
+            + f"\nto see the failing test: cd {folder / 'mutants'} && MUTANT_UNDER_TEST=stats "
+            + f"{sys.executable} -m pytest -x -q {' '.join(module.tests)}")
 
 
 def rerun(before: dict[str, tuple[str, float | None]], after: dict[str, tuple[str, float | None]]) -> list[str]:
