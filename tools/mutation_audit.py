@@ -233,14 +233,12 @@ def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
         return subprocess.run([str(exe), *args], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-CODES = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-         37: "caught by type check", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
-
-
 def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]]:
     """Mutant name -> (mutmut's status, seconds its tests took), read from its own result files: a mutant run
     again gets a new duration."""
     from fnmatch import fnmatch
+
+    from mutmut.stats import status_by_exit_code
 
     found: dict[str, tuple[str, float | None]] = {}
     for meta in (folder / "mutants").rglob("*.py.meta"):
@@ -250,7 +248,7 @@ def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]
         data = json.loads(meta.read_text())
         took = data.get("durations_by_key", {})
         for name, code in data["exit_code_by_key"].items():
-            found[name] = (CODES.get(code, "suspicious"), took.get(name))
+            found[name] = (status_by_exit_code[code], took.get(name))
     return found
 
 
@@ -286,7 +284,8 @@ def seed_from_fast(module: Module, folder: Path) -> None:
     The full run's tests are a superset of the fast ones, so what the fast tests killed stays killed; mutmut
     collects which test reaches which function afresh (only the verdicts are copied, no stats, so a changed
     test selection does not reset them) and runs only what the fast run left unchecked, then --recheck runs
-    the survivors against every covering file. A function changed since is mutated again (mutmut compares its hash)."""
+    the survivors against every covering file. A function changed since is judged again: mutmut mutates it again
+    when its AST changed (it compares a hash), and the driver unjudges it when only its text did."""
     fast = WORK / f"{module.name}-fast"  # a -fast or -quick module has no such folder
     if (folder / "mutants").exists() or not (fast / "mutants").exists():
         return
@@ -334,10 +333,10 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
 
 
 def stopped(module: Module, folder: Path, log: Path, code: int) -> str:
-    """What to tell when mutmut stops: its log without the spinner, and how to see the test that failed (mutmut
-    keeps pytest's output to itself; "failed to collect stats" means a test fails with no mutant applied)."""
+    """What to tell when mutmut stops: its log without the spinner, and how to see the test that failed ("failed to
+    collect stats" means a test fails with no mutant applied; mutmut's log has shown no pytest output then)."""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and ln.lstrip()[:1] not in SPINNER]
-    return (f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(lines[-15:])
+    return (f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(lines[-30:])
             + f"\nto see the failing test: cd {folder / 'mutants'} && MUTANT_UNDER_TEST=stats "
             + f"{sys.executable} -m pytest -x -q {' '.join(module.tests)}")
 
