@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import types
 from pathlib import Path
 
@@ -89,10 +90,10 @@ ROWS = [
     {"id": "t/whole", "task": "text-classification",
      "local": {"loader": "pipeline", "level": "minimal", "pipeline_task": "text-classification"}},
     {"id": "t/ann-a", "task": "hed-control",
-     "local": {"loader": "controlnet-aux", "level": "minimal", "weights_from": "t/annotators", "files": ["a.pth"]}},
-    {"id": "t/ann-b", "task": "mlsd-control",
      "local": {"loader": "controlnet-aux", "level": "minimal", "weights_from": "t/annotators",
                "files": ["b.pth", "a.pth"]}},
+    {"id": "t/ann-b", "task": "mlsd-control",  # one file of the two: the repository's files are the union
+     "local": {"loader": "controlnet-aux", "level": "minimal", "weights_from": "t/annotators", "files": ["b.pth"]}},
     {"id": "t/canny", "task": "canny-control", "local": {"loader": "annotator", "level": "minimal",
                                                          "needs_weights": False}},
     {"id": "t/part-then-whole", "task": "x", "local": {"loader": "pipeline", "level": "minimal",
@@ -102,6 +103,8 @@ ROWS = [
                                                         "weights_from": "t/shared", "files": ["two.bin"]}},
     {"id": "t/cn", "task": "canny-control", "local": {"loader": "controlnet", "level": "standard",
                                                       "base_model": "t/sd"}},
+    {"id": "t/sd-unet", "task": "x", "local": {"loader": "pipeline", "level": "standard", "weights_from": "t/sd",
+                                               "files": ["unet.bin"]}},
     {"id": "t/ranked-only", "task": "x"},
 ]
 
@@ -166,7 +169,7 @@ def test_a_partly_fetched_repository_is_fetched_again(setup, monkeypatch, capsys
     (setup.models / "t/annotators").mkdir(parents=True)
     (setup.models / "t/annotators/a.pth").write_bytes(b"a")
     (setup.models / "t/shared").mkdir(parents=True)  # empty: not there
-    assert main(["--config", setup.config, "--only", "t/ann-b", "t/shared"]) == 0
+    assert main(["--config", setup.config, "--only", "t/ann-a", "t/shared"]) == 0
     assert snaps.calls == [("t/annotators", setup.models / "t/annotators", ["a.pth", "b.pth"]),
                            ("t/shared", setup.models / "t/shared", None)]
 
@@ -175,6 +178,11 @@ def test_a_base_model_comes_with_its_controlnet(setup, monkeypatch, capsys, hub)
     snaps = FakeSnapshots(monkeypatch)
     assert main(["--config", setup.config, "--deployment", "standard", "--only", "t/cn"]) == 0
     assert snaps.calls == [("t/cn", setup.models / "t/cn", None), ("t/sd", setup.models / "t/sd", None)]
+    snaps.calls.clear()
+    shutil.rmtree(setup.models / "t/sd")
+    # a base model is fetched whole, even where another model needs one file of it (listed after it)
+    assert main(["--config", setup.config, "--deployment", "standard", "--only", "t/cn", "t/sd-unet"]) == 0
+    assert snaps.calls == [("t/sd", setup.models / "t/sd", None)]  # t/cn is there already
 
 
 def test_failures_are_reported_one_line_each_and_counted(setup, monkeypatch, capsys, hub):
@@ -220,6 +228,19 @@ def test_a_model_shipped_in_a_package_is_not_fetched(tmp_path, monkeypatch, caps
     assert capsys.readouterr().out == (f"sentence-transformers/all-MiniLM-L6-v2: ships inside a Python package "
                                        f"({default_model_path()}), nothing to fetch\n")
     assert snaps.calls == []
+
+
+def test_a_model_shipped_in_a_package_does_not_stop_the_downloads_after_it(setup, monkeypatch, capsys, hub):
+    from hugginggpt.catalog.semantic import default_model_path
+
+    if default_model_path() is None:
+        pytest.skip("the sentence model's package is not installed")
+    packaged = {"id": "sentence-transformers/all-MiniLM-L6-v2", "task": "sentence-similarity",
+                "local": {"loader": "sentence-embedding", "level": "minimal"}}
+    setup.catalog.write_text("\n".join(json.dumps(r) for r in [packaged, *ROWS]) + "\n")
+    snaps = FakeSnapshots(monkeypatch)
+    assert main(["--config", setup.config, "--only", packaged["id"], "t/whole"]) == 0  # sorted: the package first
+    assert snaps.calls == [("t/whole", setup.models / "t/whole", None)]
 
 
 def test_defaults_are_the_standard_level_in_models(tmp_path, monkeypatch, capsys, hub):
