@@ -215,3 +215,31 @@ def test_a_stopped_run_says_what_mutmut_said_and_how_to_see_the_failing_test(aud
     assert said[1:3] == ["    done in 8265ms (1 files mutated)", "failed to collect stats. runner returned 1"]
     assert said[3].startswith(f"to see the failing test: cd {tmp_path / 'mutants'} && MUTANT_UNDER_TEST=stats ")
     assert said[3].endswith(" -m pytest -x -q tests/a.py tests/b.py") and len(said) == 4
+
+
+def test_tests_failing_with_no_mutant_after_the_run_are_reported(audit, tmp_path):
+    """A mutant that leaves a file behind can fail the tests of every mutant after it, each counted as killed:
+    the driver runs the tests once more, with no mutant, in the folder the mutants ran in."""
+    tests = tmp_path / "mutants" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "test_left.py").write_text("from pathlib import Path\n\n\n"
+                                        "def test_nothing_left_behind():\n    assert not Path('models').exists()\n")
+    module = audit.Module("m", "hugginggpt/m.py", 0.85, ("tests/test_left.py",))
+    base = {"pytest_add_cli_args": ["-p", "no:cacheprovider"]}
+    assert audit.clean_check(module, tmp_path, base) is None
+    (tmp_path / "mutants" / "models").mkdir()  # what a mutant left
+    said = audit.clean_check(module, tmp_path, base)
+    assert said is not None and "1 failed" in said
+
+
+def test_a_run_whose_tests_then_fail_with_no_mutant_is_not_scored(audit, tmp_path, monkeypatch):
+    folder = tmp_path / "m"
+    (folder / "mutants" / "tests").mkdir(parents=True)
+    (folder / "mutants" / "tests" / "test_left.py").write_text("def test_fails():\n    assert False\n")
+    monkeypatch.setattr(audit, "prepare", lambda module, base: folder)
+    monkeypatch.setattr(audit, "mutmut", lambda folder, *args, log=None: 0)  # a run that went through
+    module = audit.Module("m", "hugginggpt/m.py", 0.85, ("tests/test_left.py",))
+    with pytest.raises(SystemExit, match="tests fail with no mutant applied"):
+        audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None)
+    (folder / "mutants" / "tests" / "test_left.py").write_text("def test_passes():\n    pass\n")
+    assert audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None).mutants == 0

@@ -329,7 +329,21 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
                                       "date": date.today().isoformat()}))
     if code != 0:
         raise SystemExit(stopped(module, folder, log, code))
+    failing = clean_check(module, folder, base)
+    if failing is not None:
+        raise SystemExit(f"after the run, {module.name}'s tests fail with no mutant applied in {folder / 'mutants'}: "
+                         "something a mutant or a test left there fails them, so every mutant run since counts "
+                         "as killed. Remove it (or the folder, to start afresh) and run again.\n" + failing)
     return score_of(folder, module)
+
+
+def clean_check(module: Module, folder: Path, base: dict) -> str | None:
+    """The module's tests once more, with no mutant applied, in the folder the mutants ran in. mutmut checks them
+    only before its run; a mutant that wrote into the project (a download into models/) once made tests fail for
+    every mutant after it, each counted as killed. None when they pass, else the end of pytest's output."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", *base.get("pytest_add_cli_args", []), *module.tests]
+    done = subprocess.run(command, cwd=folder / "mutants", env=clean_env(), capture_output=True, text=True, check=False)
+    return None if done.returncode == 0 else "\n".join((done.stdout + done.stderr).splitlines()[-15:])
 
 
 def stopped(module: Module, folder: Path, log: Path, code: int) -> str:
