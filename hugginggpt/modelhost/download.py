@@ -146,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..errors import ConfigError
 
         try:
-            config = load_config(args.config, need_llm=False)  # pragma: no mutate: None is false too (read as `if need_llm`)
+            config = load_config(
+                args.config,
+                need_llm=False,  # pragma: no mutate: None is false too (read as `if need_llm`)
+            )
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             return 2
