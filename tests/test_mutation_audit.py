@@ -210,11 +210,12 @@ def test_a_stopped_run_says_what_mutmut_said_and_how_to_see_the_failing_test(aud
     log.write_text("⠴ Generating mutants\n    done in 8265ms (1 files mutated)\n\n" + "⠏ Running stats\n" * 40
                    + "failed to collect stats. runner returned 1\n")
     module = audit.Module("dl", "hugginggpt/modelhost/download.py", 0.85, ("tests/a.py", "tests/b.py"))
-    said = audit.stopped(module, tmp_path, log, 1).splitlines()
+    said = audit.stopped(module, tmp_path, log, 1, {"pytest_add_cli_args": ["-p", "no:randomly"]}).splitlines()
     assert said[0] == f"mutmut stopped on dl (exit 1); the end of {log}:"
     assert said[1:3] == ["    done in 8265ms (1 files mutated)", "failed to collect stats. runner returned 1"]
     assert said[3].startswith(f"to see the failing test: cd {tmp_path / 'mutants'} && MUTANT_UNDER_TEST=stats ")
-    assert said[3].endswith(" -m pytest -x -q tests/a.py tests/b.py") and len(said) == 4
+    # the tests as mutmut runs them: with the configured pytest arguments
+    assert said[3].endswith(" -m pytest -x -q -p no:randomly tests/a.py tests/b.py") and len(said) == 4
 
 
 def test_tests_failing_with_no_mutant_after_the_run_are_reported(audit, tmp_path):
@@ -232,14 +233,43 @@ def test_tests_failing_with_no_mutant_after_the_run_are_reported(audit, tmp_path
     assert said is not None and "1 failed" in said
 
 
+def judging(folder: Path):
+    """A mutmut run that went through and judged one more mutant."""
+    def run(cwd, *args, log=None):
+        meta = folder / "mutants" / "hugginggpt" / "m.py.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        seen = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+        meta.write_text(json.dumps({"exit_code_by_key": {**seen, f"m__mutmut_{len(seen) + 1}": 1}}))
+        return 0
+    return run
+
+
 def test_a_run_whose_tests_then_fail_with_no_mutant_is_not_scored(audit, tmp_path, monkeypatch):
     folder = tmp_path / "m"
     (folder / "mutants" / "tests").mkdir(parents=True)
     (folder / "mutants" / "tests" / "test_left.py").write_text("def test_fails():\n    assert False\n")
     monkeypatch.setattr(audit, "prepare", lambda module, base: folder)
-    monkeypatch.setattr(audit, "mutmut", lambda folder, *args, log=None: 0)  # a run that went through
+    monkeypatch.setattr(audit, "mutmut", judging(folder))
     module = audit.Module("m", "hugginggpt/m.py", 0.85, ("tests/test_left.py",))
     with pytest.raises(SystemExit, match="tests fail with no mutant applied"):
         audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None)
     (folder / "mutants" / "tests" / "test_left.py").write_text("def test_passes():\n    pass\n")
-    assert audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None).mutants == 0
+    score = audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None)
+    assert (score.mutants, score.killed) == (2, 2)
+
+
+def test_the_clean_check_runs_only_after_a_run_that_judged_a_mutant(audit, tmp_path, monkeypatch):
+    """A resumed run with nothing left to judge ran no mutant that could leave anything behind, and mutmut ran the
+    tests clean before it: the minutes of a second clean pass are saved."""
+    folder = tmp_path / "m"
+    (folder / "mutants").mkdir(parents=True)
+    checked = []
+    monkeypatch.setattr(audit, "prepare", lambda module, base: folder)
+    monkeypatch.setattr(audit, "clean_check", lambda module, folder, base: checked.append(module.name))
+    module = audit.Module("m", "hugginggpt/m.py", 0.85, ("tests/test_left.py",))
+    monkeypatch.setattr(audit, "mutmut", judging(folder))
+    audit.run_module(module, {}, recheck=False, max_children=None)
+    assert checked == ["m"]
+    monkeypatch.setattr(audit, "mutmut", lambda cwd, *args, log=None: 0)  # all judged before: nothing run
+    assert audit.run_module(module, {}, recheck=False, max_children=None).mutants == 1
+    assert checked == ["m"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -233,6 +234,11 @@ def mutmut(folder: Path, *args: str, log: Path | None = None) -> int:
         return subprocess.run([str(exe), *args], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
+def source_of(meta: Path, mutants: Path) -> str:
+    """The file a mutmut result file speaks of, relative to the tree: `hugginggpt/access.py` for its `.meta`."""
+    return meta.relative_to(mutants).as_posix()[: -len(".meta")]
+
+
 def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]]:
     """Mutant name -> (mutmut's status, seconds its tests took), read from its own result files: a mutant run
     again gets a new duration."""
@@ -242,7 +248,7 @@ def verdicts(folder: Path, module: Module) -> dict[str, tuple[str, float | None]
 
     found: dict[str, tuple[str, float | None]] = {}
     for meta in (folder / "mutants").rglob("*.py.meta"):
-        rel = meta.relative_to(folder / "mutants").as_posix()[: -len(".meta")]
+        rel = source_of(meta, folder / "mutants")
         if not fnmatch(rel, module.path):
             continue
         data = json.loads(meta.read_text())
@@ -292,7 +298,7 @@ def seed_from_fast(module: Module, folder: Path) -> None:
     for found in (fast / "mutants").rglob("*.py.meta"):
         # the verdicts only: mutmut mutates the files again, and what a test or mutant left in the fast run's
         # folder (a download into the project's models/) must not meet this run's tests
-        rel = found.relative_to(fast / "mutants").as_posix()[: -len(".meta")]
+        rel = source_of(found, fast / "mutants")
         meta = folder / "mutants" / f"{rel}.meta"
         meta.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(found, meta)
@@ -328,8 +334,9 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     audit_file.write_text(json.dumps({"minutes": round(audit.get("minutes", 0.0) + minutes, 1),
                                       "date": date.today().isoformat()}))
     if code != 0:
-        raise SystemExit(stopped(module, folder, log, code))
-    failing = clean_check(module, folder, base)
+        raise SystemExit(stopped(module, folder, log, code, base))
+    # no mutant judged, none could leave anything behind: mutmut's own clean run before them passed
+    failing = clean_check(module, folder, base) if verdicts(folder, module) != before else None
     if failing is not None:
         raise SystemExit(f"after the run, {module.name}'s tests fail with no mutant applied in {folder / 'mutants'}: "
                          "something a mutant or a test left there fails them, so every mutant run since counts "
@@ -337,22 +344,27 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     return score_of(folder, module)
 
 
+def pytest_command(module: Module, base: dict) -> list[str]:
+    """The module's tests as mutmut runs them with no mutant: its configured pytest arguments, its test files."""
+    return [sys.executable, "-m", "pytest", "-x", "-q", *base.get("pytest_add_cli_args", []), *module.tests]
+
+
 def clean_check(module: Module, folder: Path, base: dict) -> str | None:
     """The module's tests once more, with no mutant applied, in the folder the mutants ran in. mutmut checks them
     only before its run; a mutant that wrote into the project (a download into models/) once made tests fail for
     every mutant after it, each counted as killed. None when they pass, else the end of pytest's output."""
-    command = [sys.executable, "-m", "pytest", "-x", "-q", *base.get("pytest_add_cli_args", []), *module.tests]
-    done = subprocess.run(command, cwd=folder / "mutants", env=clean_env(), capture_output=True, text=True, check=False)
+    done = subprocess.run(pytest_command(module, base), cwd=folder / "mutants", env=clean_env(),
+                          capture_output=True, text=True, check=False)
     return None if done.returncode == 0 else "\n".join((done.stdout + done.stderr).splitlines()[-15:])
 
 
-def stopped(module: Module, folder: Path, log: Path, code: int) -> str:
+def stopped(module: Module, folder: Path, log: Path, code: int, base: dict) -> str:
     """What to tell when mutmut stops: its log without the spinner, and how to see the test that failed ("failed to
     collect stats" means a test fails with no mutant applied; mutmut's log has shown no pytest output then)."""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip() and ln.lstrip()[:1] not in SPINNER]
     return (f"mutmut stopped on {module.name} (exit {code}); the end of {log}:\n" + "\n".join(lines[-30:])
             + f"\nto see the failing test: cd {folder / 'mutants'} && MUTANT_UNDER_TEST=stats "
-            + f"{sys.executable} -m pytest -x -q {' '.join(module.tests)}")
+            + shlex.join(pytest_command(module, base)))
 
 
 def rerun(before: dict[str, tuple[str, float | None]], after: dict[str, tuple[str, float | None]]) -> list[str]:
