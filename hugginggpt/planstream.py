@@ -20,7 +20,7 @@ class ObjectStream:
     """Yields each complete JSON object that sits directly inside the first top-level array of the text."""
 
     def __init__(self):
-        self.buffer = ""
+        self.buffer = ""  # pragma: no mutate: text before the task array is skipped, so a prefix like "XXXX" reads the same
         self.pos = 0  # the next character to read
         self.quote: int | None = None  # where the JSON string being read opened; None outside strings
         # None until the task array opens (text before it is skipped); then 1 inside it, 2 inside a task object, ...;
