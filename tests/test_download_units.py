@@ -255,10 +255,12 @@ def test_defaults_are_the_standard_level_in_models(tmp_path, monkeypatch, capsys
 
 def test_an_unknown_id_is_an_error_with_a_suggestion(setup, monkeypatch, capsys, hub):
     snaps = FakeSnapshots(monkeypatch)
-    assert main(["--config", setup.config, "--only", "t/whlle", "t/whole", "zzzzzz"]) == 2
+    assert main(["--config", setup.config, "--only", "t/whlle", "t/whole", "zzzzzz", "t/ann-c"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: t/whlle is not a model of the minimal level; did you mean t/whole?",
-        "error: zzzzzz is not a model of the minimal level; see --dry-run for the minimal list"]
+        "error: zzzzzz is not a model of the minimal level; see --dry-run for the minimal list",
+        # as close as each other: both are named, not the first in some order
+        "error: t/ann-c is not a model of the minimal level; did you mean t/ann-b or t/ann-a?"]
     assert snaps.calls == []
     assert main(["--config", setup.config, "--only", "t/cn"]) == 2  # a standard-level model
     assert main(["--config", setup.config, "--only", "t/canny"]) == 2  # no weights: nothing to fetch for it

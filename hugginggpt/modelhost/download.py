@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         known = {s.id for s in wanted}
         unknown = [m for m in args.only if m not in known]
         for mid in unknown:
-            close = difflib.get_close_matches(mid, sorted(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else f"; see --dry-run for the {deployment} list"
+            close = difflib.get_close_matches(mid, sorted(known))  # the best first, at most 3
+            hint = f"; did you mean {' or '.join(close)}?" if close else f"; see --dry-run for the {deployment} list"
             print(f"error: {mid} is not a model of the {deployment} level{hint}", file=sys.stderr)
         if unknown:
             return 2
