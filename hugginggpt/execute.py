@@ -217,10 +217,9 @@ class Round:
         self.state = state
         self.by_id: dict[int, Task] = {}
         self.choices: dict[int, Future | None] = {}  # each task's model choice, as it was when the task was added
-        with state.lock:  # a new round (after a replan): its tasks may write again
-            state.round += 1
+        with state.lock:  # a new round (after a replan): its tasks may write, the last round's no longer
+            state.round = self
             state.sealed = False  # pragma: no mutate: only its truth is read (None would do as well)
-            self.number = state.round
         self.scheduler = Scheduler(self._body, max_workers=executor.config.max_workers, on_event=self._relay,
                                    executor=executor.threads)
         state.scheduler = self.scheduler
@@ -237,7 +236,7 @@ class Round:
         state = self.state
         result = self.executor.run_task(state, self.by_id[tid], self.choices.get(tid))
         with state.lock:
-            if not state.sealed and state.round == self.number:
+            if not state.sealed and state.round is self:
                 state.results[tid] = result
         if "error" in result["inference result"]:
             raise TaskFailed(_message(result["inference result"]["error"]), result)

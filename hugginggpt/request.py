@@ -164,7 +164,7 @@ class RequestState:
         self._held: list[tuple[str, dict[str, Any]]] | None = None
         self._held_lock = threading.RLock()  # also orders delivery: events reach the listener one at a time
         self._last_t = 0.0  # `t` of the last event delivered: a stream's times never go back
-        self.round = 0  # execution rounds: 1, then one more per replan
+        self.round: object | None = None  # the execution round whose tasks may write (each replan starts one)
         self.replans: list[str] = []  # what was replanned, for the answer
         self.replan_attempts = 0
         self.planner_messages: list[dict[str, str]] = []
