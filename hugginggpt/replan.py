@@ -15,6 +15,10 @@ from typing import Any
 from .plan import Plan, PlanParseError, parse_plan
 from .request import RequestState
 
+# what the LLM is shown: non-ASCII text as it is, not \u-escaped (a module constant: mutmut's equivalent
+# `ensure_ascii=None` is no mutant then)
+CONTEXT_JSON = json.JSONEncoder(ensure_ascii=False)
+
 log = logging.getLogger(__name__)
 
 ALL_FAILED = "every candidate failed"
@@ -82,4 +86,4 @@ class Replanner:
 
     @staticmethod
     def context(plan: Plan, results: dict[int, dict[str, Any]]) -> str:
-        return json.dumps({"plan": plan.to_list(), "results": _brief(results)}, ensure_ascii=False)[:6000]
+        return CONTEXT_JSON.encode({"plan": plan.to_list(), "results": _brief(results)})[:6000]
