@@ -55,10 +55,9 @@ class BoundedLabel:
         if len(self.used) >= self.cap or self.known is None or not isinstance(value, str):
             return OTHER
         try:
-            known = bool(self.known(value))
+            if not self.known(value):
+                return OTHER
         except Exception:  # noqa: BLE001 - a failed look-up must not fail the call being counted
-            known = False
-        if not known:
             return OTHER
         with self._lock:
             if value not in self.used and len(self.used) >= self.cap:
