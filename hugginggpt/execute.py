@@ -26,6 +26,7 @@ from .requestctx import ContextThreadPool
 from .resources import Resource, resolve
 from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
 from .select import Selection
+from .textsafe import JSON_AS_IS
 from .urlpolicy import UrlPolicy, deadline_scope
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 # the fewest task threads, whatever max_workers × max_concurrent_requests is: a tuning number, not a contract (a
 # round's tasks still run at most max_workers at once); mutmut leaves module-level constants alone
 MIN_TASK_THREADS = 32
-
-# JSON with non-ASCII text as it is (json.dumps(..., ensure_ascii=False)), for prompts and references
-JSON_AS_IS = json.JSONEncoder(ensure_ascii=False)
 
 
 class Executor:

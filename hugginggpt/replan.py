@@ -8,16 +8,12 @@ how often this happens per request; each replan is an event and a line in the an
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from .plan import Plan, PlanParseError, parse_plan
 from .request import RequestState
-
-# what the LLM is shown: non-ASCII text as it is, not \u-escaped (a module constant: mutmut's equivalent
-# `ensure_ascii=None` is no mutant then)
-CONTEXT_JSON = json.JSONEncoder(ensure_ascii=False)
+from .textsafe import JSON_AS_IS
 
 log = logging.getLogger(__name__)
 
@@ -86,4 +82,4 @@ class Replanner:
 
     @staticmethod
     def context(plan: Plan, results: dict[int, dict[str, Any]]) -> str:
-        return CONTEXT_JSON.encode({"plan": plan.to_list(), "results": _brief(results)})[:6000]
+        return JSON_AS_IS.encode({"plan": plan.to_list(), "results": _brief(results)})[:6000]

@@ -6,7 +6,12 @@ an event, a log line, the models server's request): such a code point becomes U+
 
 from __future__ import annotations
 
+import json
 import re
+
+# JSON with non-ASCII text as it is (json.dumps(..., ensure_ascii=False)), for prompts and references; a module
+# constant, so mutmut's equivalent `ensure_ascii=None` is no mutant
+JSON_AS_IS = json.JSONEncoder(ensure_ascii=False)
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -70,6 +70,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        with self._lock:\n            if self._closed:\n                return\n            ready, skipped",
              "        with self._lock:\n            ready, skipped",
              ("tests/test_scheduler.py",)),
+    Mutation("json-as-is-escapes-non-ascii", "hugginggpt/textsafe.py",  # a module constant: mutmut leaves it alone
+             "JSON_AS_IS = json.JSONEncoder(ensure_ascii=False)",
+             "JSON_AS_IS = json.JSONEncoder()",
+             ("tests/test_replan_units.py", "tests/test_execute_units.py")),
     Mutation("late-result-overwrites-record", "hugginggpt/execute.py",
              "            if not state.sealed and state.round is self:\n",
              "            if True:\n",
