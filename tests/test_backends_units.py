@@ -29,7 +29,7 @@ import urllib3
 from flask import Flask, Response, jsonify, request
 from PIL import Image
 
-from hugginggpt import cancel
+from hugginggpt import cancel, urlpolicy
 from hugginggpt.backends import HostedFailure, TaskInputs
 from hugginggpt.backends import hosted as hosted_mod
 from hugginggpt.backends.hosted import HostedInference, Route, plain
@@ -614,6 +614,18 @@ def test_a_copy_whose_body_stalls_short_of_its_length_ends_at_copy_timeout(ours,
         local(peers("hold").url, ours, copy_timeout=0.6).bring_home("/images/a.png")
     assert str(info.value) == "copying /images/a.png from the models server took longer than 1s"
     assert time.monotonic() - started < 2
+    assert not list(ours.rglob("*.*"))
+
+
+def test_a_silent_copy_is_named_slow_whichever_timer_wakes_first(ours, peers, monkeypatch):
+    """The read timeout (copy_timeout) ends with the deadline: on a busy machine it may wake before the watchdog,
+    and the copy is still named as slowness, not as a broken connection."""
+    monkeypatch.setattr(urlpolicy._WATCHDOG, "add", lambda watch: None)  # the watchdog never fires
+    started = time.monotonic()
+    with pytest.raises(BackendError) as info:
+        local(peers("stall").url, ours, copy_timeout=0.6).bring_home("/images/a.png")
+    assert str(info.value) == "copying /images/a.png from the models server took longer than 1s"
+    assert time.monotonic() - started < 2.5  # the peer says nothing for 5 s
     assert not list(ours.rglob("*.*"))
 
 

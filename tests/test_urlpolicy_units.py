@@ -670,7 +670,7 @@ def test_fetch_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchdog_is_
     started = time.monotonic()
     with pytest.raises(ResourceError) as caught:
         fetch(url, LOOPBACK, 10_000, 0.3)
-    assert str(caught.value) == f"fetching {url!r} failed: ReadTimeoutError"
+    assert str(caught.value) == f"fetching {url!r} took longer than 0s"  # the read timeout ends at the deadline
     assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
 
 
@@ -679,7 +679,7 @@ def test_fetch_through_a_proxy_a_silent_peer_is_cut_by_the_read_timeout(web, lat
     started = time.monotonic()
     with pytest.raises(ResourceError) as caught:
         fetch("http://public.test/stall", policy, 10_000, 0.3, proxy=f"http://127.0.0.1:{web.port}")
-    assert str(caught.value) == "fetching 'http://public.test/stall' failed: ReadTimeoutError"
+    assert str(caught.value) == "fetching 'http://public.test/stall' took longer than 0s"
     assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
 
 
@@ -914,7 +914,7 @@ def test_fetch_https_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchd
     started = time.monotonic()
     with pytest.raises(ResourceError) as caught:
         fetch(url, TO_LOOPBACK, 10_000, 0.3)
-    assert str(caught.value) == f"fetching {url!r} failed: ReadTimeoutError"
+    assert str(caught.value) == f"fetching {url!r} took longer than 0s"  # the read timeout ends at the deadline
     assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
 
 

@@ -181,7 +181,8 @@ class LocalModelsServer:
                 if watch is not None and watch.fired:  # a body sent without a length, cut at the deadline, ends
                     raise BackendError(slow)  # as if whole: not a file to keep
         except urllib3.exceptions.HTTPError as exc:
-            if watch is not None and watch.fired:  # the deadline shut the socket: it was slow, not broken
+            if watch is not None and watch.passed():  # the deadline came (its watchdog, or the read timeout that
+                # ends with it, whichever woke first): it was slow, not broken
                 raise BackendError(slow) from None
             raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
         ext = name.rpartition(".")[2] if "." in name else "bin"
