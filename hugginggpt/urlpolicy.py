@@ -222,22 +222,29 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
           headers: dict[str, str] | None = None) -> Fetched:
     """GET a user-named URL under the policy, with a size limit and one deadline for the whole fetch."""
     deadline = time.monotonic() + timeout
+    slow = f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s"
     with deadline_scope(deadline) as watch:
         try:
-            return _fetch(url, policy, max_bytes, timeout, proxy, headers, deadline)
+            return _fetch(url, policy, max_bytes, proxy, headers, deadline)
+        except _Late:
+            raise ResourceError(slow) from None
         except ResourceError:
-            if watch is not None and watch.passed():
-                raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s") from None
+            if watch is not None and watch.passed():  # whichever timer woke first: a failure from then on is slowness
+                raise ResourceError(slow) from None
             raise
 
 
-def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: str | None,
+class _Late(Exception):
+    """The fetch's own clock saw its deadline pass; `fetch` names it (one message, whoever noticed)."""
+
+
+def _fetch(url: str, policy: UrlPolicy, max_bytes: int, proxy: str | None,
            headers: dict[str, str] | None, deadline: float) -> Fetched:
     for _ in range(MAX_REDIRECTS + 1):
         target = policy.check(url)
         left = deadline - time.monotonic()
         if left <= 0:
-            raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s")
+            raise _Late
         pool, resp = _open(target, left, proxy, headers or {})
         try:
             location = resp.headers.get("Location")  # pragma: no mutate: header names are case-insensitive
@@ -251,7 +258,7 @@ def _fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: s
             if resp.status >= 400:
                 raise ResourceError(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}")
             content_type = resp.headers.get("Content-Type")  # pragma: no mutate: header names are case-insensitive
-            return Fetched(_read_limited(resp, target.url, max_bytes, deadline, timeout),
+            return Fetched(_read_limited(resp, target.url, max_bytes, deadline),
                            (content_type or "").split(";")[0].strip(), target.url)
         finally:
             resp.release_conn()
@@ -289,7 +296,7 @@ def _open(target: Target, timeout: float, proxy: str | None,
         raise ResourceError(f"fetching {redact_url(target.url)!r} failed: {exc.__class__.__name__}") from None
 
 
-def _read_limited(resp: urllib3.BaseHTTPResponse, url: str, max_bytes: int, deadline: float, timeout: float) -> bytes:
+def _read_limited(resp: urllib3.BaseHTTPResponse, url: str, max_bytes: int, deadline: float) -> bytes:
     limit_text = f"{redact_url(url)!r} is larger than the {max_bytes // (1024 * 1024)} MiB limit"
     declared = resp.headers.get("Content-Length")  # pragma: no mutate: header names are case-insensitive
     if declared and declared.isdigit() and int(declared) > max_bytes:
@@ -301,7 +308,7 @@ def _read_limited(resp: urllib3.BaseHTTPResponse, url: str, max_bytes: int, dead
             if size > max_bytes:
                 raise ResourceError(limit_text)
             if time.monotonic() > deadline:  # pragma: no mutate: > and >= differ only at one instant
-                raise ResourceError(f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s")
+                raise _Late
             chunks.append(chunk)
     except urllib3.exceptions.HTTPError as exc:
         raise ResourceError(f"fetching {redact_url(url)!r} failed: {exc.__class__.__name__}") from None
