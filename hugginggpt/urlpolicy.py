@@ -225,13 +225,16 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
     slow = f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s"
     with deadline_scope(deadline) as watch:
         try:
-            return _fetch(url, policy, max_bytes, proxy, headers, deadline)
+            got = _fetch(url, policy, max_bytes, proxy, headers, deadline)
         except _Late:
             raise ResourceError(slow) from None
         except ResourceError:
             if watch is not None and watch.passed():  # whichever timer woke first: a failure from then on is slowness
                 raise ResourceError(slow) from None
             raise
+        if watch is not None and watch.fired:  # a body with no length said, cut by the watchdog, ends as if whole
+            raise ResourceError(slow)
+    return got
 
 
 class _Late(Exception):

@@ -408,7 +408,7 @@ class Handler(BaseHTTPRequestHandler):
             path = "/" + path.split("/", 3)[3]
             if path == "/to-internal":
                 return self.send(302, b"", {"Location": "http://internal.test/secret"})
-            if path not in ("/dribble", "/stall", "/paced") and not path.startswith("/redirect/"):
+            if path not in ("/dribble", "/stall", "/paced", "/unsaid") and not path.startswith("/redirect/"):
                 return self.send(200, b"via proxy", {"Content-Type": "text/plain"})
         name, _, arg = path.strip("/").partition("/")
         if name == "ok":
@@ -456,6 +456,18 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             try:
                 self.wfile.write(b"abcd")
+                self.wfile.flush()
+                for _ in range(100):
+                    time.sleep(0.05)
+            except OSError:
+                pass
+            self.close_connection = True
+        elif name == "unsaid":  # no length said (the body ends when the connection does), one whole 64 KiB read of
+            self.send_response(200)  # urllib3's stream, then nothing for 5 s
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                self.wfile.write(b"u" * 65536)
                 self.wfile.flush()
                 for _ in range(100):
                     time.sleep(0.05)
@@ -671,6 +683,19 @@ def test_fetch_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchdog_is_
     with pytest.raises(ResourceError) as caught:
         fetch(url, LOOPBACK, 10_000, 0.3)
     assert str(caught.value) == f"fetching {url!r} took longer than 0s"  # the read timeout ends at the deadline
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+@pytest.mark.parametrize("proxied", [False, True])
+def test_fetch_a_body_of_unsaid_length_cut_at_the_deadline_is_no_success(web, proxied):
+    """The watchdog's shutdown reads as the end of a body whose length was not said: what came so far (here one
+    whole chunk, read before the deadline) must not be handed on as the whole file."""
+    policy = UrlPolicy(resolver=lambda host, port: ["93.184.216.34"]) if proxied else LOOPBACK
+    url = "http://public.test/unsaid" if proxied else f"http://127.0.0.1:{web.port}/unsaid"
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as caught:
+        fetch(url, policy, 100_000, 0.3, proxy=f"http://127.0.0.1:{web.port}" if proxied else None)
+    assert str(caught.value) == f"fetching {url!r} took longer than 0s"
     assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
 
 

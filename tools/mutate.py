@@ -675,8 +675,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            if False:\n                raise ResourceError(limit_text)",
              ("tests/test_urlpolicy.py",)),
     Mutation("fetch-without-a-total-deadline", "hugginggpt/urlpolicy.py",
-             "    with deadline_scope(deadline) as watch:\n        try:\n            return _fetch(",
-             "    with deadline_scope(None) as watch:\n        try:\n            return _fetch(",
+             "    with deadline_scope(deadline) as watch:\n        try:\n            got = _fetch(",
+             "    with deadline_scope(None) as watch:\n        try:\n            got = _fetch(",
              ("tests/test_urlpolicy.py",)),
     Mutation("fetch-timeout-stretched", "hugginggpt/urlpolicy.py",
              "    deadline = time.monotonic() + timeout\n    slow = ",
@@ -921,6 +921,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("fetch-slowness-only-from-the-watchdog", "hugginggpt/urlpolicy.py",  # the call, not passed()'s body
              "            if watch is not None and watch.passed():  # whichever timer woke first",
              "            if watch is not None and watch.fired:  # whichever timer woke first",
+             ("tests/test_urlpolicy_units.py",)),
+    Mutation("fetch-keeps-a-body-cut-at-the-deadline", "hugginggpt/urlpolicy.py",
+             "        if watch is not None and watch.fired:  # a body with no length said, cut by the watchdog, ends as "
+             "if whole\n            raise ResourceError(slow)\n",
+             "",
              ("tests/test_urlpolicy_units.py",)),
     Mutation("copy-errors-lose-their-names", "hugginggpt/backends/local.py",
              "    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):\n        return \"ReadTimeout\"\n",
