@@ -221,9 +221,13 @@ class Fetched:
 def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: str | None = None,
           headers: dict[str, str] | None = None) -> Fetched:
     """GET a user-named URL under the policy, with a size limit and one deadline for the whole fetch."""
-    deadline = time.monotonic() + timeout
-    slow = f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s"
-    with deadline_scope(deadline) as watch:
+    own = time.monotonic() + timeout
+    with deadline_scope(own) as watch:
+        deadline = own if watch is None else watch.deadline  # the request's, where it comes first
+        if deadline < own:
+            slow = f"the request's deadline passed while fetching {redact_url(url)!r}"
+        else:
+            slow = f"fetching {redact_url(url)!r} took longer than {timeout:.0f}s"
         try:
             got = _fetch(url, policy, max_bytes, proxy, headers, deadline)
         except _Late:

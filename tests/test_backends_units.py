@@ -629,6 +629,18 @@ def test_a_silent_copy_is_named_slow_whichever_timer_wakes_first(ours, peers, mo
     assert not list(ours.rglob("*.*"))
 
 
+def test_a_copy_cut_by_the_requests_earlier_deadline_says_so(ours, peers):
+    started = time.monotonic()
+    with deadline_scope(started + 0.5), pytest.raises(BackendError) as info:
+        local(peers("dribble").url, ours, copy_timeout=30).bring_home("/images/a.png")
+    assert str(info.value) == "the request's deadline passed while copying /images/a.png from the models server"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+    assert not list(ours.rglob("*.*"))
+    with deadline_scope(time.monotonic() + 60), pytest.raises(BackendError) as info:  # a later one: its own timeout
+        local(peers("stall").url, ours, copy_timeout=0.5).bring_home("/images/a.png")
+    assert str(info.value) == "copying /images/a.png from the models server took longer than 0s"
+
+
 def test_a_copy_whose_connect_hangs_ends_at_status_timeout(ours, peers):
     started = time.monotonic()
     with pytest.raises(BackendError) as info:

@@ -686,6 +686,25 @@ def test_fetch_a_silent_peer_is_cut_by_the_read_timeout_even_if_the_watchdog_is_
     assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
 
 
+@pytest.mark.parametrize("path", ["stall", "dribble"])
+def test_fetch_cut_by_the_requests_earlier_deadline_says_so(web, path):
+    """Inside a request whose deadline comes before the fetch's own: the fetch ends then, and its error names the
+    request's deadline, not a fetch_timeout that never ran out."""
+    url = f"http://127.0.0.1:{web.port}/{path}"
+    started = time.monotonic()
+    with deadline_scope(started + 0.4), pytest.raises(ResourceError) as caught:
+        fetch(url, LOOPBACK, 10_000, 30)
+    assert str(caught.value) == f"the request's deadline passed while fetching {url!r}"
+    assert time.monotonic() - started < 2.5  # the peer goes on for 5 s
+
+
+def test_fetch_within_a_later_request_deadline_names_its_own_timeout(web):
+    url = f"http://127.0.0.1:{web.port}/dribble"
+    with deadline_scope(time.monotonic() + 60), pytest.raises(ResourceError) as caught:
+        fetch(url, LOOPBACK, 10_000, 0.4)
+    assert str(caught.value) == f"fetching {url!r} took longer than 0s"
+
+
 @pytest.mark.parametrize("proxied", [False, True])
 def test_fetch_a_body_of_unsaid_length_cut_at_the_deadline_is_no_success(web, proxied):
     """The watchdog's shutdown reads as the end of a body whose length was not said: what came so far (here one

@@ -153,9 +153,13 @@ class LocalModelsServer:
         if (self.public_dir / folder / name).is_file():  # the two servers share one public/
             return f"/{folder}/{name}"
         url = f"{self.base_url}/{folder}/{quote(name)}"
-        slow = f"copying {named} from the models server took longer than {self.copy_timeout:.0f}s"
+        own = time.monotonic() + self.copy_timeout
         try:
-            with deadline_scope(time.monotonic() + self.copy_timeout) as watch:
+            with deadline_scope(own) as watch:
+                if watch is not None and watch.deadline < own:  # the request's deadline comes first
+                    slow = f"the request's deadline passed while copying {named} from the models server"
+                else:
+                    slow = f"copying {named} from the models server took longer than {self.copy_timeout:.0f}s"
                 resp = self._http.request(
                     "GET",  # pragma: no mutate: urllib3 upper-cases the method
                     url, headers=self._headers,
