@@ -223,7 +223,8 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
     """GET a user-named URL under the policy, with a size limit and one deadline for the whole fetch."""
     own = time.monotonic() + timeout
     with deadline_scope(own) as watch:
-        deadline = own if watch is None else watch.deadline  # the request's, where it comes first
+        assert watch is not None  # a scope given a deadline always has a watch
+        deadline = watch.deadline  # the request's, where it comes first
         if deadline < own:
             slow = f"the request's deadline passed while fetching {redact_url(url)!r}"
         else:
@@ -233,10 +234,10 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
         except _Late:
             raise ResourceError(slow) from None
         except ResourceError:
-            if watch is not None and watch.passed():  # whichever timer woke first: a failure from then on is slowness
+            if watch.passed():  # whichever timer woke first: a failure from then on is slowness
                 raise ResourceError(slow) from None
             raise
-        if watch is not None and watch.fired:  # a body with no length said, cut by the watchdog, ends as if whole
+        if watch.fired:  # a body with no length said, cut by the watchdog, ends as if whole
             raise ResourceError(slow)
     return got
 
