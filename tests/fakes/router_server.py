@@ -60,7 +60,7 @@ class FakeRouter:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> {"pipeline_tag", "served": [Served]}
     preferences: dict[str, list[str]] = field(default_factory=dict)  # token -> providers in the user's order
     failures: dict[str, int] = field(default_factory=dict)  # provider -> HTTP status it answers with
-    hangs: dict[str, float] = field(default_factory=dict)  # provider -> seconds it waits before answering
+    hangs: dict[str, float] = field(default_factory=dict)  # provider (or "hub") -> seconds it waits before answering
     calls: list[dict[str, Any]] = field(default_factory=list)
     hub_calls: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
@@ -94,6 +94,7 @@ class FakeRouter:
         token = (request.headers.get("Authorization") or "").removeprefix("Bearer ") or None
         with self.lock:
             self.hub_calls.append({"model": model_id, "expand": request.args.getlist("expand"), "token": token})
+        time.sleep(self.hangs.get("hub", 0))
         model = self.models.get(model_id)
         if model is None:
             return jsonify({"error": "Repository not found"}), 404
