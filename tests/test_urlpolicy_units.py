@@ -400,6 +400,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def send_then_stall(self, header: tuple[str, str], first: bytes) -> None:
+        """A 200 with `header`, `first` of its body, then nothing for 5 s."""
+        self.send_response(200)
+        self.send_header(*header)
+        self.end_headers()
+        try:
+            self.wfile.write(first)
+            self.wfile.flush()
+            time.sleep(5)
+        except OSError:
+            pass
+        self.close_connection = True
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self.server.seen.append({"path": self.path, "host": self.headers.get("Host"),
                                  "agent": self.headers.get("User-Agent"), "x": self.headers.get("X-Test")})
@@ -450,30 +463,10 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
-        elif name == "stall":  # a few bytes, then nothing for 5 s
-            self.send_response(200)
-            self.send_header("Content-Length", "100")
-            self.end_headers()
-            try:
-                self.wfile.write(b"abcd")
-                self.wfile.flush()
-                for _ in range(100):
-                    time.sleep(0.05)
-            except OSError:
-                pass
-            self.close_connection = True
-        elif name == "unsaid":  # no length said (the body ends when the connection does), one whole 64 KiB read of
-            self.send_response(200)  # urllib3's stream, then nothing for 5 s
-            self.send_header("Connection", "close")
-            self.end_headers()
-            try:
-                self.wfile.write(b"u" * 65536)
-                self.wfile.flush()
-                for _ in range(100):
-                    time.sleep(0.05)
-            except OSError:
-                pass
-            self.close_connection = True
+        elif name == "stall":  # a few bytes of a said length
+            self.send_then_stall(("Content-Length", "100"), b"abcd")
+        elif name == "unsaid":  # no length said (the body ends when the connection does): one whole 64 KiB read
+            self.send_then_stall(("Connection", "close"), b"u" * 65536)  # of urllib3's stream
         elif name == "paced":  # 64 KiB every 50 ms for 5 s
             self.send_response(200)
             self.send_header("Content-Length", str(100 * 65536))
