@@ -135,17 +135,18 @@ def test_a_request_cancelled_after_a_task_failed_for_good_is_not_replanned(serve
     llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
                                      {"task": "token-classification", "id": 1, "dep": [-1],
                                       "args": {"text": "Anna lives in Paris"}}]))
+    went_away = server.logs().count("client went away")  # the server is the module's: earlier tests left too
     resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
                                                            "stream": True}, stream=True, timeout=30)
     for line in resp.iter_lines(decode_unicode=True):
         if line.startswith("data: ") and '"event": "task_failed"' in line:
             break
-    resp.close()  # the client goes away while task 1 still runs
+    resp.close()  # the client goes away while task 1 still runs (or, on a busy machine, before it reaches its model)
     deadline = time.monotonic() + 30  # wide: a busy machine is slow to see the socket close
-    while "client went away" not in server.logs() or not any(c["model"] == ner for c in models.calls):
+    while server.logs().count("client went away") == went_away:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.1)
-    time.sleep(1.0)
+    time.sleep(4.0)  # time enough for task 1's 3 s call to end and a replan to be asked for, were it to be
     assert len(llm.stage_requests("parse_task")) == 1  # task 0 failed for good, but nobody is there to replan for
     assert not llm.stage_requests("response_results")
 
