@@ -343,15 +343,18 @@ def check_eviction(folder: Path, models: Path, public: Path, device: str, report
     torch.cuda.memory_allocated, one load or eviction at a time); the readings after each turn are shown too, but
     they also hold what other threads allocate (cuBLAS workspaces per thread). On the CPU the pool's count after
     two turns equals the count after none. A model larger than the budget is refused with a 503."""
+    from hugginggpt.modelhost.pool import expected_size
     from hugginggpt.modelhost.registry import Registry
 
     first, second = "distilbert/distilbert-base-uncased-finetuned-sst-2-english", "dslim/bert-base-NER"
     registry = Registry("standard", models)
-    sizes = [registry.expected_bytes(registry.get(m)) or 0 for m in (first, second)]
+    # what each takes on this device as the server counts it (float16 on CUDA: half the float32 files)
+    sizes = [expected_size(registry.get(m), registry, device) or 0 for m in (first, second)]
     budget_gb = max(sizes) * 1.5 / 1024**3
     cuda = device.startswith("cuda")
     key = "device_allocated_bytes" if cuda else "models_bytes"
     out: dict[str, Any] = {"budget_kb": round(budget_gb * 1024**3 / 1e3, 1),
+                           "kb_each_model": [round(x / 1e3, 1) for x in sizes],
                            "measured_with": "torch.cuda.memory_allocated, read by the server" if cuda
                            else "the pool's accounting (parameters of the loaded models); RSS shown"}
     server = Server(folder, models, public, device, "standard", [f"memory_budget_gb: {budget_gb:.9f}"])

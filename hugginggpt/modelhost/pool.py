@@ -2,10 +2,11 @@
 
 Two requests to one model take turns on its lock (no sleep-polling); different models run in parallel.
 
-Memory: `memory_budget_gb` is a ceiling on what the loaded models take (their parameters, counted). On CUDA the
-device's real free memory is asked too (`free_memory`, torch.cuda.mem_get_info): a model is loaded only when its
-estimated size fits both, after evicting idle models, least recently used first. A model in use (its lock held)
-is never evicted; when the room cannot be made, the load is refused with `NoRoom` (a 503), and a CUDA
+Memory: `memory_budget_gb` is a ceiling on what the loaded models take (their parameters, counted in the dtype
+they run in: float16 on CUDA takes half of a float32 checkpoint). On CUDA the device's real free memory is asked
+too (`free_memory`, torch.cuda.mem_get_info): a model is loaded only when its estimated size (`expected_size`, in
+the dtype it will load in) fits both, after evicting idle models, least recently used first. A model in use (its
+lock held) is never evicted; when the room cannot be made, the load is refused with `NoRoom` (a 503), and a CUDA
 out-of-memory error while loading or running becomes `NoRoom` too, never a crashed server.
 """
 
@@ -123,8 +124,27 @@ def _base(spec: ModelSpec, registry: Registry) -> str:
     return str(registry.models_dir / spec.base_model)
 
 
+# Pipelines that stay in float32 on CUDA: the audio front ends, and depth estimation, whose depth map is a regression
+# output normalised to a grey image (in float16 a small-valued map underflows to all zeros: a black image).
+FULL_PRECISION_TASKS = frozenset({"automatic-speech-recognition", "audio-classification", "depth-estimation"})
+HALF_PRECISION_LOADERS = frozenset({"pipeline", "diffusers", "controlnet"})  # the loaders that take a dtype
+
+
+def half_precision(spec: ModelSpec, device: str) -> bool:
+    """Whether `load` puts this model in float16 on this device: on CUDA, for the loaders that take a dtype, except
+    the pipelines of FULL_PRECISION_TASKS."""
+    return (device.startswith("cuda") and spec.loader in HALF_PRECISION_LOADERS
+            and not (spec.loader == "pipeline" and spec.task in FULL_PRECISION_TASKS))
+
+
+def expected_size(spec: ModelSpec, registry: Registry, device: str) -> int | None:
+    """What the model's parameters will take once loaded on `device`, in the dtype `load` gives it (the budget's
+    count): float16 on CUDA takes half of a float32 checkpoint. None when unknown before loading."""
+    return registry.expected_bytes(spec, half=half_precision(spec, device))
+
+
 def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
-    """Build the object a handler needs; half precision on CUDA where the pipeline allows it."""
+    """Build the object a handler needs; half precision on CUDA where the pipeline allows it (`half_precision`)."""
     if spec.loader == "annotator":
         return None
     problem = registry.problem(spec)
@@ -133,14 +153,13 @@ def load(spec: ModelSpec, registry: Registry, device: str) -> Any:
         raise ModelUnavailable(problem or f"weights for {spec.id} are missing")
     import torch
 
-    cuda = device.startswith("cuda")
-    dtype = torch.float16 if cuda else None
+    dtype = torch.float16 if half_precision(spec, device) else None
     where = str(path)
     if spec.loader == "pipeline":
         from transformers import pipeline
 
         kwargs: dict[str, Any] = {"device": device}
-        if dtype is not None and spec.task not in ("automatic-speech-recognition", "audio-classification"):
+        if dtype is not None:
             kwargs["dtype"] = dtype
         return pipeline(spec.pipeline_task, model=where, **kwargs)
     if spec.loader == "controlnet-aux":  # JARVIS's hed / mlsd / openpose annotators, from lllyasviel/Annotators
@@ -314,7 +333,7 @@ class ModelPool:
     def _make_room(self, spec: ModelSpec) -> None:
         """Before loading: evict idle models until the model's estimated size fits the budget and, where the
         device reports its free memory, the device; refuse with NoRoom when it cannot fit."""
-        size = self.registry.expected_bytes(spec)
+        size = expected_size(spec, self.registry, self.device)  # in the dtype it loads in, as `nbytes` counts it
         if not size:
             return  # unknown: loaded, then measured (_evict after the load)
         if self.budget is not None:

@@ -51,6 +51,37 @@ def library_problem(module: str) -> str | None:
     return None
 
 
+# A safetensors file's element types that half precision loading turns into float16 (2 bytes a number).
+_FLOATS = {"F64", "F32", "F16", "BF16"}
+
+
+def half_precision_bytes(file: Path) -> int:
+    """What a weights file takes once loaded in half precision: a .safetensors file's floating-point tensors at 2
+    bytes a number (its header lists each tensor's type and shape), the others as stored; any other file, or a
+    header that does not read, at its size on disk."""
+    size = file.stat().st_size
+    if file.suffix != ".safetensors":
+        return size
+    try:
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= min(size - 8, 100_000_000):
+                return size
+            header = json.loads(f.read(length))
+        total = 0
+        for name, tensor in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = tensor["data_offsets"]
+            count = 1
+            for n in tensor["shape"]:
+                count *= int(n)
+            total += 2 * count if tensor["dtype"] in _FLOATS else int(end) - int(start)
+        return total
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return size
+
+
 DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "p0_models.jsonl"
 
 
@@ -107,8 +138,11 @@ class Registry:
             return default_model_path()
         return None
 
-    def expected_bytes(self, spec: ModelSpec) -> int | None:
-        """The weights' size on disk (what loading will take, in float32), or None when unknown."""
+    def expected_bytes(self, spec: ModelSpec, half: bool = False) -> int | None:
+        """What loading the weights will take, or None when unknown: their size on disk (loaded as stored) or, with
+        `half` (the model loads in half precision), every floating-point tensor of a .safetensors file at 2 bytes a
+        number, as the loaded model counts them; a file of another format is counted at its size on disk (its
+        tensors cannot be read without loading it: the estimate errs on the safe side)."""
         path = self.weights_path(spec)
         if path is None:
             return None
@@ -117,7 +151,7 @@ class Registry:
         if spec.base_model:
             base = self.models_dir / spec.base_model
             files += [f for f in base.rglob("*") if f.is_file() and f.suffix in suffixes]
-        return sum(f.stat().st_size for f in files) or None
+        return sum(half_precision_bytes(f) if half else f.stat().st_size for f in files) or None
 
     def problem(self, spec: ModelSpec) -> str | None:
         """Why this model cannot be served here (missing library, weights or base model), or None."""
