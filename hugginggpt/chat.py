@@ -96,6 +96,7 @@ class HuggingGPT:
 
             self.metrics.known_providers = frozenset((*known_providers(), ENDPOINT))
             hosted.observe_provider = self.metrics.provider_call
+            hosted.observe_hub = self.metrics.hub_failure
         self.selection_threads = ContextThreadPool(max_workers=max(16, 4 * config.max_concurrent_requests),
                                                    thread_name_prefix="select")
 
@@ -260,6 +261,13 @@ class HuggingGPT:
                 results = dict(state.results)
             failures = failed_for_good(plan, results)
             if not failures:
+                return
+            with state.lock:
+                refused = set(state.refused)
+            if refused >= set(self.selector.backends_in_order()):
+                # every backend this server runs models on refused the account (a bad token, no credits): a new
+                # plan would be sent to the same refusal, at the cost of another LLM call
+                log.info("[%s] no replan: every backend refused the account", state.request.request_id)
                 return
             state.replan_attempts += 1
             finished = frozenset(t for t, r in results.items() if "error" not in r["inference result"])

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from .backends import Backend, HostedFailure, TaskInputs
+from .backends import Backend, HostedFailure, TaskInputs, listening_to_attempts, note_attempts, stop_listening
 from .catalog.health import Health
 from .choose import ready_to_start, selection_at_start
 from .config import Config
@@ -24,7 +24,7 @@ from .plan import Task
 from .request import RequestState, collect_result
 from .requestctx import ContextThreadPool
 from .resources import Resource, resolve
-from .scheduler import DONE, FAILED, Outcome, Scheduler, TaskFailed
+from .scheduler import DONE, FAILED, TIMEOUT, Outcome, Scheduler, TaskFailed
 from .select import Selection
 from .textsafe import JSON_AS_IS
 from .urlpolicy import UrlPolicy, deadline_scope
@@ -88,10 +88,10 @@ class Executor:
                 state.model_seconds[task.id] = time.perf_counter() - started
 
     def _run_on_models(self, state: RequestState, task: Task, sel: Selection, inputs: TaskInputs) -> dict[str, Any]:
-        """The chosen model, then the other available candidates, until one succeeds."""
+        """The chosen model, then the other available candidates, until one succeeds. A backend whose account was
+        refused earlier in this request (another task, an earlier round) is not asked again."""
         tried: list[dict[str, str]] = []
-        refused: set[str] = set()  # backends whose account was refused (a bad token, no credits): not tried again
-        skipped = 0
+        skipped: dict[str, int] = {}  # backend -> candidates not tried because its account was refused
         for model_id, backend_name in sel.fallbacks():
             # the client left (while the inputs were read, or as a candidate failed): no model runs for nobody
             if state.cancelled.is_set():
@@ -99,28 +99,42 @@ class Executor:
             backend = self.backends.get(backend_name)
             if backend is None:
                 continue
-            if backend_name in refused:
-                skipped += 1
+            with state.lock:
+                refused = backend_name in state.refused
+            if refused:
+                skipped[backend_name] = skipped.get(backend_name, 0) + 1
                 continue
             started = time.perf_counter()
             attempts: list[dict[str, str]] = []  # pragma: no mutate: read only as `attempts or ...`: None is alike
+            final = False
+            listening = listening_to_attempts(_keeper(state, task.id, list(tried)))
             try:
+                note_attempts([], {"model": model_id, "hosted_on": backend_name})
                 with deadline_scope(state.deadline):  # the request's deadline bounds every read of the call
                     result = backend.infer(model_id, inputs)
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
                 if isinstance(exc, HostedFailure):  # which providers were tried, and why each failed
                     attempts = exc.tried
-                    if exc.final:
-                        refused.add(backend_name)
+                    final = exc.final
+            finally:
+                stop_listening(listening)
             seconds = time.perf_counter() - started
+            if final:
+                with state.lock:
+                    state.refused.setdefault(backend_name, _message(result["error"]))
             if self.observe_model is not None:
                 self.observe_model(model_id, backend_name, "error" not in result, seconds)
             # a refused account (bad token, no credits) says nothing about the model's health
-            self._record(state, model_id, result, seconds, health=backend_name not in refused)
+            self._record(state, model_id, result, seconds, health=not final)
             if "error" not in result:
-                choose = {"id": model_id, "reason": sel.reason if model_id == sel.model_id else
-                          f"fallback after {tried[-1]['model']} failed"}
+                if model_id == sel.model_id:
+                    reason = sel.reason
+                elif tried:
+                    reason = f"fallback after {tried[-1]['model']} failed"
+                else:  # the candidates before it were on a backend that refused the account earlier
+                    reason = f"fallback: {' and '.join(sorted(skipped))} refused the account earlier in this request"
+                choose = {"id": model_id, "reason": reason}
                 result = dict(result)
                 provider = result.pop("provider", None) if backend_name == "huggingface" else None
                 if provider:  # the Inference Provider that served it, after those that failed first
@@ -130,13 +144,22 @@ class Executor:
                     result = {**result, "fallback": {"tried": tried}}
                 return collect_result(task, choose, result)
             tried += attempts or [{"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])}]
+            with state.lock:
+                state.attempts[task.id] = list(tried)  # what a deadline that cuts this task off still shows
             log.warning("[%s] task %s: %s on %s failed: %s", state.request.request_id, task.id, model_id,
                         backend_name, _message(result["error"]))
         message = "; ".join(f"{t['model']} ({t['hosted_on']}{', ' + t['provider'] if t.get('provider') else ''}): "
-                            f"{t['error']}" for t in tried) or \
-            ("cancelled (the client went away)" if state.cancelled.is_set() else "no backend")
+                            f"{t['error']}" for t in tried)
         if skipped:
-            message += f"; {skipped} more {' and '.join(sorted(refused))} candidate(s) not tried for the same reason"
+            names, count = " and ".join(sorted(skipped)), sum(skipped.values())
+            if tried:
+                message += f"; {count} more {names} candidate(s) not tried for the same reason"
+            else:
+                with state.lock:
+                    why = "; ".join(state.refused[b] for b in sorted(skipped))
+                message = f"{count} {names} candidate(s) not tried: the account was refused earlier in this request ({why})"
+        if not message:
+            message = "cancelled (the client went away)" if state.cancelled.is_set() else "no backend"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
                                                              "tried": tried}})
 
@@ -199,6 +222,16 @@ class Executor:
             "only the result, as plain text without URLs."
         )
         return state.llm.chat([{"role": "user", "content": prompt}])
+
+
+def _keeper(state: RequestState, tid: int, before: list[dict[str, str]]) -> Callable[[list[dict[str, str]]], None]:
+    """Keeps task `tid`'s attempts in the request's state as they happen (`before`: earlier candidates')."""
+
+    def keep(so_far: list[dict[str, str]]) -> None:
+        with state.lock:
+            state.attempts[tid] = [*before, *so_far]
+
+    return keep
 
 
 def _message(error: Any) -> str:
@@ -267,6 +300,14 @@ class Round:
             choose = result.get("choose model result")
             if isinstance(choose, dict) and choose.get("provider"):  # the Inference Provider that served it
                 payload.update(model=choose.get("id"), hosted_on=choose.get("hosted_on"), provider=choose["provider"])
+            elif name == "task_failed":  # where it failed last: the last candidate tried (and its provider)
+                error = (payload["result"] or {}).get("error")
+                tried = error.get("tried") if isinstance(error, dict) else None
+                if tried:
+                    last = tried[-1]
+                    payload.update(model=last.get("model"), hosted_on=last.get("hosted_on"))
+                    if last.get("provider"):
+                        payload["provider"] = last["provider"]
         state.emit(name, payload)
 
     def finish(self) -> dict[int, Outcome]:
@@ -277,7 +318,9 @@ class Round:
             state.sealed = True
             for tid, outcome in outcomes.items():
                 if outcome.state not in (DONE, FAILED) or tid not in state.results:
-                    state.results[tid] = collect_result(self.by_id[tid], "", {"error": {"message": outcome.error
-                                                                                         or outcome.state}})
+                    error: dict[str, Any] = {"message": outcome.error or outcome.state}
+                    if outcome.state == TIMEOUT and state.attempts.get(tid):  # tried before the deadline cut it off
+                        error["tried"] = list(state.attempts[tid])
+                    state.results[tid] = collect_result(self.by_id[tid], "", {"error": error})
         state.outcomes = outcomes
         return outcomes

@@ -29,6 +29,7 @@ SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 STAGES = ("plan", "select", "execute", "respond")
 # how a call to a hosted Inference Provider ended (backends/hosted.py)
 PROVIDER_OUTCOMES = ("ok", "unauthorized", "out_of_credits", "rate_limited", "unavailable", "timeout", "error")
+HUB_OUTCOMES = ("unauthorized", "rate_limited", "unavailable", "timeout", "error")  # a failed Hub lookup's
 LLM_BACKENDS = (*API_TYPES, "none")  # a request's api_type is one of API_TYPES (llm.with_overrides checks it)
 OTHER = "other"  # the one label value every value outside a label's bound counts as
 MAX_MODEL_LABELS = 200  # distinct model ids with series of their own, the second guard after "the catalog knows it"
@@ -114,6 +115,10 @@ class Metrics:
                                       ", ".join(PROVIDER_OUTCOMES) + ")", ["provider", "outcome"], registry=r)
         self.provider_seconds = Histogram("hugginggpt_provider_seconds", "Hosted model call latency by Inference "
                                           "Provider", ["provider"], buckets=SECONDS, registry=r)
+        self.hub_failures = Counter("hugginggpt_hub_lookup_failures", "Failed lookups of a model on the Hugging Face "
+                                    "Hub during hosted inference (ours or huggingface_hub's own), by outcome "
+                                    "(unauthorized, rate_limited, unavailable, timeout, error); never counted "
+                                    "against a provider", ["outcome"], registry=r)
         self.known_providers: frozenset[str] = frozenset()  # the engine's: huggingface_hub's providers, "endpoint"
         self.rejected = Counter("hugginggpt_admission_rejections", "Requests refused with 429 because "
                                 "max_concurrent_requests were running", registry=r)
@@ -138,6 +143,9 @@ class Metrics:
         label = provider if provider in self.known_providers else "other"
         self.provider_calls.labels(label, outcome if outcome in PROVIDER_OUTCOMES else "error").inc()
         self.provider_seconds.labels(label).observe(seconds)
+
+    def hub_failure(self, outcome: str) -> None:
+        self.hub_failures.labels(outcome if outcome in HUB_OUTCOMES else "error").inc()
 
     def exposition(self) -> bytes:
         if self.shared_dir is None:

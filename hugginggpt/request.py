@@ -170,6 +170,12 @@ class RequestState:
         self.planner_messages: list[dict[str, str]] = []
         self.plan_reply = ""
         self.failed_models: set[str] = set()  # models that failed in this request (under `lock`)
+        # backend -> why its account was refused in this request (a bad token, no credits): no later candidate,
+        # fallback or replan of this request is sent there (under `lock`)
+        self.refused: dict[str, str] = {}
+        # task id -> its candidates tried so far, the one running last (under `lock`): what a deadline that cuts
+        # the task off still reports
+        self.attempts: dict[int, list[dict[str, str]]] = {}
         self.model_seconds: dict[int, float] = {}  # task id -> time spent in backends (not waiting, not choosing)
 
     def hold_events(self) -> None:

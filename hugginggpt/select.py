@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import cancel
-from .backends import Backend
+from .backends import Backend, ModelStatus
 from .catalog import Catalog, ModelCard, Ranker, RankQuery
 from .catalog.scoring import Factors
 from .catalog.store import Candidate, CatalogStore
@@ -87,20 +87,28 @@ class Selection:
 
 
 class Availability:
-    """Which candidates each backend can serve now; answers are cached for `ttl` seconds."""
+    """Which candidates each backend can serve now, and why not; answers are cached for `ttl` seconds (a failure to
+    ask, such as the Hub down or slow, is not an answer and is asked again next time)."""
 
     def __init__(self, backends: dict[str, Backend], ttl: float = 30.0, max_workers: int = 16):
         self.backends = backends
         self.ttl = ttl
-        self._cache: dict[tuple[str, str], tuple[bool, float]] = {}
+        self._cache: dict[tuple[str, str], tuple[ModelStatus, float]] = {}
         self._lock = threading.Lock()
         self._pool = ContextThreadPool(max_workers=max_workers, thread_name_prefix="status")
 
-    def _cached(self, backend: str, model_id: str, now: float) -> bool | None:
+    def _cached(self, backend: str, model_id: str, now: float) -> ModelStatus | None:
         hit = self._cache.get((backend, model_id))
         return hit[0] if hit and hit[1] > now else None
 
-    def _check(self, backend: str, model_id: str) -> bool:
+    def _ask(self, backend: str, model_id: str) -> ModelStatus:
+        b = self.backends[backend]
+        model_status = getattr(b, "model_status", None)
+        if model_status is not None:
+            return model_status(model_id)
+        return ModelStatus(bool(b.is_available(model_id)))
+
+    def _check(self, backend: str, model_id: str) -> ModelStatus:
         # shared work, cached for every request: the client that asked first leaving must not cut the check
         # (a cut check would read "not available" for everyone); status_timeout bounds it
         cancel.CURRENT.set(None)
@@ -109,33 +117,55 @@ class Availability:
             hit = self._cached(backend, model_id, now)
         if hit is not None:
             return hit
-        ok = self.backends[backend].is_available(model_id)
-        if self.ttl > 0:
+        status = self._ask(backend, model_id)
+        if self.ttl > 0 and status.lasting:
             with self._lock:
                 if len(self._cache) >= MAX_STATUS_ENTRIES:  # ids a caller names (MCP run_model) come and go
                     self._cache = {k: v for k, v in self._cache.items() if v[1] > now}
                     if len(self._cache) >= MAX_STATUS_ENTRIES:
                         self._cache.clear()
-                self._cache[(backend, model_id)] = (ok, now + self.ttl)
-        return ok
+                self._cache[(backend, model_id)] = (status, now + self.ttl)
+        return status
 
     def check(self, model_ids: list[str], backends: list[str]) -> dict[str, list[str]]:
-        """Answers still fresh are read here; only the others go to the status threads, all at once."""
+        """backend -> the ids it can serve now, in the order asked."""
+        return self.check_why(model_ids, backends)[0]
+
+    def check_why(self, model_ids: list[str], backends: list[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """(backend -> the ids it can serve now, model id -> why a backend cannot, where it said). Answers still
+        fresh are read here; only the others go to the status threads, all at once."""
         pairs = [(b, m) for b in backends if b in self.backends for m in model_ids]
         now = time.monotonic()
         with self._lock:
             known = {pair: self._cached(*pair, now) for pair in pairs}
         jobs = {pair: self._pool.submit(self._check, *pair) for pair in pairs if known[pair] is None}
         out: dict[str, list[str]] = {b: [] for b in backends}
+        why: dict[str, str] = {}
         for (b, m) in pairs:
             try:
-                ok = known[(b, m)] if (b, m) not in jobs else jobs[(b, m)].result()
+                status = known[(b, m)] if (b, m) not in jobs else jobs[(b, m)].result()
             except Exception:  # noqa: BLE001 - a broken status check means "not available"
                 log.warning("status check of %s on %s failed", m, b)
                 continue
-            if ok:
+            if status is not None and status.available:
                 out[b].append(m)
-        return out
+            elif status is not None and status.why:
+                why.setdefault(m, status.why)
+        return out, why
+
+
+def why_none(ids: list[str], why: dict[str, str], shown: int = 3) -> str:
+    """Why none of `ids` can run, in one line: one reason when they share it (a refused token, the Hub down),
+    else the first few models' own."""
+    reasons = [why[m] for m in ids if m in why]
+    if not reasons:
+        return ""
+    distinct = list(dict.fromkeys(reasons))
+    if len(distinct) == 1:
+        return distinct[0]
+    listed = [f"{m}: {why[m]}" for m in ids if m in why][:shown]
+    more = len(reasons) - len(listed)
+    return "; ".join(listed) + (f" (and {more} more)" if more > 0 else "")
 
 
 def control_task_fixup(task: Task) -> None:
@@ -351,7 +381,7 @@ class Selector:
                                       if self.allowed or self.denied else ""))
         ids = list(by_id)
         order = self.backends_in_order()
-        found = self.availability.check(ids, order)
+        found, why = self.availability.check_why(ids, order)
         ranked_ids = {b: [m for m in ids if m in found[b]] for b in order}
         # JARVIS keeps at most num_candidate_models, local ones first.
         kept: list[tuple[str, str]] = []
@@ -362,8 +392,9 @@ class Selector:
         available = {b: [m for m, bb in kept if bb == b] for b in order}
         if not kept:
             where = " or ".join("the local models server" if b == "local" else "hosted inference" for b in order)
+            reason = why_none(ids, why)
             return Selection(**base, model_id=None, hosted_on=None, available=available,
-                             error=f"no available model for {task.task} on {where}")
+                             error=f"no available model for {task.task} on {where}" + (f": {reason}" if reason else ""))
         if len(kept) == 1:
             mid, b = kept[0]
             return Selection(**base, model_id=mid, hosted_on=b, reason="Only one model available.", available=available)

@@ -82,6 +82,18 @@ class URLRefused(ResourceError):
     """The URL's target is not allowed by the outbound URL policy."""
 
 
+class FetchSlow(ResourceError):
+    """A fetch ran past its timeout or the request's deadline, however the peer paced its bytes."""
+
+
+class FetchStatus(ResourceError):
+    """The server answered a fetch with an HTTP error status (`status`): an expired signed link reads 403."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def system_resolver(host: str, port: int) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -232,13 +244,13 @@ def fetch(url: str, policy: UrlPolicy, max_bytes: int, timeout: float, proxy: st
         try:
             got = _fetch(url, policy, max_bytes, proxy, headers, deadline)
         except _Late:
-            raise ResourceError(slow) from None
+            raise FetchSlow(slow) from None
         except ResourceError:
             if watch.passed():  # whichever timer woke first: a failure from then on is slowness
-                raise ResourceError(slow) from None
+                raise FetchSlow(slow) from None
             raise
         if watch.fired:  # a body with no length said, cut by the watchdog, ends as if whole
-            raise ResourceError(slow)
+            raise FetchSlow(slow)
     return got
 
 
@@ -264,7 +276,7 @@ def _fetch(url: str, policy: UrlPolicy, max_bytes: int, proxy: str | None,
                                         "URL") from None
                 continue
             if resp.status >= 400:
-                raise ResourceError(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}")
+                raise FetchStatus(f"fetching {redact_url(target.url)!r} failed: HTTP {resp.status}", resp.status)
             content_type = resp.headers.get("Content-Type")  # pragma: no mutate: header names are case-insensitive
             return Fetched(_read_limited(resp, target.url, max_bytes, deadline),
                            (content_type or "").split(";")[0].strip(), target.url)

@@ -30,9 +30,11 @@ from flask import Flask, Response, jsonify, request
 from PIL import Image
 
 from hugginggpt import cancel, urlpolicy
-from hugginggpt.backends import HostedFailure, TaskInputs
+from hugginggpt.backends import HostedFailure, ModelStatus, TaskInputs
 from hugginggpt.backends import hosted as hosted_mod
+from hugginggpt.backends.failures import Failure, one_line, provider_failure, status_of, timed_out
 from hugginggpt.backends.hosted import HostedInference, Route, plain
+from hugginggpt.backends.hubclient import HostedCall, hosted_call, on_request
 from hugginggpt.backends.local import LocalModelsServer, _cause
 from hugginggpt.backends.normalize import BOX_COLORS, draw_boxes, normalize, overlay_masks, path_key
 from hugginggpt.config import load_config
@@ -1049,13 +1051,12 @@ def test_an_error_message_is_one_line_without_the_token_or_urls_and_at_most_300_
     assert "(None)" not in str(info.value) and "\n" not in str(info.value)
 
 
-def test_the_first_line_of_an_error_or_its_type(ours):
-    backend = hosted_at("http://127.0.0.1:9", ours)
-    assert backend._line(ValueError(" \n ")) == "ValueError"
-    assert backend._line(ValueError("")) == "ValueError"
-    assert backend._line(ValueError(f"  first {TOKEN}\nsecond")) == "first ***"
-    assert backend._line(SimpleNamespace(server_message="from the server\nmore", __str__=None)) == "from the server"
-    assert hosted_at("http://127.0.0.1:9", ours, token=None)._line(ValueError("plain")) == "plain"
+def test_the_first_line_of_an_error_or_its_type():
+    assert one_line(ValueError(" \n "), TOKEN) == "ValueError"
+    assert one_line(ValueError(""), TOKEN) == "ValueError"
+    assert one_line(ValueError(f"  first {TOKEN}\nsecond"), TOKEN) == "first ***"
+    assert one_line(SimpleNamespace(server_message="from the server\nmore", __str__=None), TOKEN) == "from the server"
+    assert one_line(ValueError("plain"), None) == "plain"
 
 
 def test_statuses_and_timeouts_are_found_anywhere_in_the_chain():
@@ -1068,20 +1069,20 @@ def test_statuses_and_timeouts_are_found_anywhere_in_the_chain():
         return outer
 
     with_status = SimpleNamespace(response=SimpleNamespace(status_code=429), __cause__=None, __context__=None)
-    assert hosted_mod._status_of(None) is None
-    assert hosted_mod._status_of(ValueError("x")) is None
+    assert status_of(None) is None
+    assert status_of(ValueError("x")) is None
     for how in ("__cause__", "__context__"):
         err = chained(RuntimeError("x"), how)
         getattr(err, how).response = SimpleNamespace(status_code=502)
-        assert hosted_mod._status_of(err) == 502
-        assert hosted_mod._timed_out(chained(httpx2.ReadTimeout("slow"), how)) is True
-        assert hosted_mod._timed_out(chained(InferenceTimeoutError("slow"), how)) is True
-    assert hosted_mod._status_of(with_status) == 429
+        assert status_of(err) == 502
+        assert timed_out(chained(httpx2.ReadTimeout("slow"), how)) is True
+        assert timed_out(chained(InferenceTimeoutError("slow"), how)) is True
+    assert status_of(with_status) == 429
     looped = ValueError("a loop")
     looped.__context__ = looped
-    assert hosted_mod._timed_out(looped) is False and hosted_mod._status_of(looped) is None
-    assert hosted_mod._timed_out(ValueError("x")) is False
-    assert hosted_mod._status_of(SimpleNamespace(response=SimpleNamespace(status_code="500"), __cause__=None,
+    assert timed_out(looped) is False and status_of(looped) is None
+    assert timed_out(ValueError("x")) is False
+    assert status_of(SimpleNamespace(response=SimpleNamespace(status_code="500"), __cause__=None,
                                                  __context__=None)) is None
 
 
@@ -1109,16 +1110,16 @@ def test_a_provider_silent_past_task_timeout_and_a_request_deadline_that_passes(
     assert info.value.final is False and "(no answer for 1s)" in str(info.value)
 
 
-def test_a_timeout_with_the_requests_deadline_at_most_50_ms_away_is_final(ours):
+def test_a_timeout_with_the_requests_deadline_at_most_50_ms_away_is_final():
     """What is left of the request's deadline when a call times out decides: 50 ms or less, and no other provider
     could answer in time; more, and the next one is asked."""
     import httpx2
 
-    backend = hosted_at("http://127.0.0.1:9", ours, timeout=7.0)
     slow = httpx2.ReadTimeout("slow")
-    assert backend._failure(slow, hosted_mod.ENDPOINT, "acme/x", 0.05) == (
-        "timeout", "the endpoint at huggingface.base_url timed out (the deadline passed)", True)
-    assert backend._failure(slow, "fal-ai", "acme/x", 0.051) == ("timeout", "fal-ai timed out (no answer for 7s)", False)
+    assert provider_failure(slow, "the endpoint", "acme/x", 7.0, 0.05, "slow") == Failure(
+        "timeout", "the endpoint timed out (the deadline passed)", True)
+    assert provider_failure(slow, "fal-ai", "acme/x", 7.0, 0.051, "slow") == Failure(
+        "timeout", "fal-ai timed out (no answer for 7s)", False)
 
 
 def test_a_dribbling_endpoint_is_cut_at_task_timeout(ours, peers):
@@ -1255,10 +1256,13 @@ def test_a_silent_hub_costs_status_timeout_not_the_whole_task(router, router_url
     router.hangs["hub"] = 5
     backend = via_router(router_url, ours, status_timeout=0.5, timeout=30)
     started = time.monotonic()
-    assert backend.is_available(FLUX) is False
+    status = backend.model_status(FLUX)
     assert time.monotonic() - started < 2.5
+    assert status == ModelStatus(False, f"the Hugging Face Hub did not answer within 0.5s while looking up the "
+                                        f"providers of {FLUX}; try again", lasting=False)  # asked again next time
     started = time.monotonic()
-    with pytest.raises(BackendError, match=f"^the providers of {FLUX} could not be read from the Hub: "):
+    with pytest.raises(BackendError, match=f"^the Hugging Face Hub did not answer within 0.5s while looking up the "
+                                           f"providers of {FLUX}"):
         backend.infer(FLUX, TaskInputs("text-to-image", text="a lighthouse"))
     assert time.monotonic() - started < 2.5
     assert router.calls == []  # no provider was asked
@@ -1303,7 +1307,7 @@ def test_a_model_the_hub_does_not_know_is_not_available(router, router_url, ours
     assert backend.is_available("acme/nothing") is False
     with pytest.raises(BackendError) as info:
         backend.infer("acme/nothing", TaskInputs("text-to-image", text="x"))
-    assert str(info.value) == "the providers of acme/nothing could not be read from the Hub: Repository not found"
+    assert str(info.value) == "acme/nothing is not on the Hub (or is private or gated for this token)"
     assert not isinstance(info.value, HostedFailure)
 
 
@@ -1455,12 +1459,13 @@ def test_hosted_calls_are_moved_to_the_configured_router_and_hub_only():
 
     def sent(url: str) -> tuple[str, str]:
         req = httpx2.Request("GET", url)
-        hosted_mod._reroute(req)
+        on_request(req)
         return str(req.url), req.headers["Host"]
 
-    ctx = hosted_mod._MOVES.set((("https://router.huggingface.co", "http://127.0.0.1:7"),
-                                 ("https://huggingface.co", "http://127.0.0.1:8/hub")))
-    try:
+    call = HostedCall((("https://router.huggingface.co", "http://127.0.0.1:7"),
+                       ("https://huggingface.co", "http://127.0.0.1:8/hub")), "http://127.0.0.1:7",
+                      "http://127.0.0.1:8/hub", TOKEN, UrlPolicy(), 1000, 5.0)
+    with hosted_call(call):
         assert sent("https://router.huggingface.co/fal-ai/x") == ("http://127.0.0.1:7/fal-ai/x", "127.0.0.1:7")
         assert sent("https://router.huggingface.co?x=1") == ("http://127.0.0.1:7?x=1", "127.0.0.1:7")
         assert sent("https://router.huggingface.co") == ("http://127.0.0.1:7", "127.0.0.1:7")
@@ -1468,8 +1473,6 @@ def test_hosted_calls_are_moved_to_the_configured_router_and_hub_only():
         assert sent("https://router.huggingface.co.evil.example/x") == (
             "https://router.huggingface.co.evil.example/x", "router.huggingface.co.evil.example")
         assert sent("http://127.0.0.1:9/files/1.png") == ("http://127.0.0.1:9/files/1.png", "127.0.0.1:9")
-    finally:
-        hosted_mod._MOVES.reset(ctx)
     assert sent("https://router.huggingface.co/fal-ai/x") == ("https://router.huggingface.co/fal-ai/x",
                                                               "router.huggingface.co")
 

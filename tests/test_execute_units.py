@@ -15,7 +15,7 @@ from concurrent.futures import Future
 import pytest
 from flask import Flask, Response
 
-from hugginggpt.backends import HostedFailure, TaskInputs
+from hugginggpt.backends import CUT_OFF, HostedFailure, TaskInputs
 from hugginggpt.backends.hosted import HostedInference
 from hugginggpt.backends.local import LocalModelsServer
 from hugginggpt.catalog.health import Health
@@ -851,7 +851,8 @@ def test_at_the_deadline_the_round_ends_and_a_late_result_is_dropped(config):
     took = time.monotonic() - started
     assert 0.3 <= took < 1.0
     assert outcomes[0].state == TIMEOUT and outcomes[0].error == "deadline passed before the task finished"
-    timed_out = collect_result(t, "", {"error": {"message": "deadline passed before the task finished"}})
+    timed_out = collect_result(t, "", {"error": {"message": "deadline passed before the task finished", "tried": [
+        {"model": "org/slow", "hosted_on": "local", "error": CUT_OFF}]}})  # the call the deadline cut off
     assert state.results[0] == timed_out
     backend.gate.set()  # the model answers after all
     wait_until(lambda: backend.in_flight == 0, 5, "the late call to end")
@@ -952,3 +953,65 @@ def test_requests_share_the_task_threads_instead_of_starting_their_own(config):
     assert len(set(backend.threads)) <= 2
     # a thread dump of the server (py-spy, faulthandler) names them as the request's tasks, not as some pool
     assert all(thread.name.startswith("task_") for thread in backend.threads)
+
+
+def test_a_deadline_that_cuts_a_task_off_keeps_what_it_tried(config, router, public_dir):
+    """The first candidate's providers failed, the second model's first provider failed, and its second provider was
+    still answering when the request's deadline passed: the record lists all of it (a provider silent past the
+    deadline is the one it was waiting for)."""
+    fake, _ = router
+    fake.serve("org/a", "text-to-image", Served("fal-ai", "org/a", "text-to-image"))
+    fake.serve("org/b", "text-to-image", Served("replicate", "org/b", "text-to-image"),
+               Served("fal-ai", "org/b-fal", "text-to-image"))
+    fake.preferences[TOKEN] = ["replicate", "fal-ai"]
+    fake.failures["fal-ai"], fake.hangs["replicate"] = 503, 0.2
+    slow = Scripted("huggingface", delay=5)  # a backend that only the deadline stops waiting for
+    real = hosted(router, public_dir)
+
+    class Both:  # org/a and org/b on the real hosted backend, then org/c on one that never answers in time
+        name = "huggingface"
+
+        def is_available(self, model_id: str) -> bool:
+            return True
+
+        def infer(self, model_id: str, inputs: TaskInputs) -> dict:
+            return (slow if model_id == "org/c" else real).infer(model_id, inputs)
+
+    state = new_state(config, timeout=2.5)
+    t = task(0, "text-to-image", text="a fox")
+    fake.failures["replicate"] = 500
+    choose(state, t, "org/a", "huggingface", huggingface=["org/a", "org/b", "org/c"])
+    outcomes = Executor(config, {"huggingface": Both()}, LOOPBACK).execute(state, [t])
+    assert outcomes[0].state == TIMEOUT
+    tried = state.results[0]["inference result"]["error"]["tried"]
+    assert [(e["model"], e.get("provider")) for e in tried] == [
+        ("org/a", "fal-ai"), ("org/b", "replicate"), ("org/b", "fal-ai"), ("org/c", None)]
+    assert "503" in tried[0]["error"] and "500" in tried[1]["error"] and tried[-1]["error"] == CUT_OFF
+
+
+def test_a_refusal_holds_for_the_rest_of_the_request_and_the_local_server_still_runs(config):
+    """402 from hosted inference in the first round: a later round (a replan) sends nothing there, the local models
+    server's candidates still run (hybrid)."""
+    refusal = HostedFailure("no credits", [{"model": "org/h1", "hosted_on": "huggingface", "provider": "fal-ai",
+                                            "error": "no credits (402)"}], final=True)
+    hub = Scripted("huggingface", answers={"org/h1": refusal})
+    local = Scripted()
+    executor = Executor(config, {"local": local, "huggingface": hub}, LOOPBACK)
+    state = new_state(config)
+    first = task(0, "text-to-image", text="a fox")
+    choose(state, first, "org/h1", "huggingface", huggingface=["org/h1"])
+    executor.execute(state, [first])
+    assert state.refused == {"huggingface": "no credits"}
+    second = task(1, "text-to-image", text="a fox, again")
+    choose(state, second, "org/h2", "huggingface", huggingface=["org/h2"], local=["org/l1"])
+    executor.execute(state, [second])
+    assert hub.models_called() == ["org/h1"] and local.models_called() == ["org/l1"]
+    assert state.results[1]["choose model result"] == {
+        "id": "org/l1", "reason": "fallback: huggingface refused the account earlier in this request"}
+    third = task(2, "text-to-image", text="only hosted")
+    choose(state, third, "org/h3", "huggingface", huggingface=["org/h3"])
+    executor.execute(state, [third])
+    assert hub.models_called() == ["org/h1"]
+    assert state.results[2]["inference result"]["error"]["message"] == (
+        "every candidate failed: 1 huggingface candidate(s) not tried: the account was refused earlier in this "
+        "request (no credits)")

@@ -68,6 +68,10 @@ def test_every_metric_has_its_name_type_and_help_as_scraped():
         "# TYPE hugginggpt_provider_calls_total counter",
         "# HELP hugginggpt_provider_seconds Hosted model call latency by Inference Provider",
         "# TYPE hugginggpt_provider_seconds histogram",
+        "# HELP hugginggpt_hub_lookup_failures_total Failed lookups of a model on the Hugging Face Hub during hosted"
+        " inference (ours or huggingface_hub's own), by outcome (unauthorized, rate_limited, unavailable, timeout,"
+        " error); never counted against a provider",
+        "# TYPE hugginggpt_hub_lookup_failures_total counter",
         "# HELP hugginggpt_admission_rejections_total Requests refused with 429 because max_concurrent_requests"
         " were running",
         "# TYPE hugginggpt_admission_rejections_total counter",
@@ -408,3 +412,13 @@ def test_catalog_knows_without_a_store_open():
 def test_catalog_knows_counts_a_curated_card_whatever_its_truth_value():
     catalog = SimpleNamespace(get=lambda model_id: [])  # found, though falsy
     assert catalog_knows(SimpleNamespace(catalog=catalog))("x") is True
+
+
+def test_hub_lookup_failures_are_counted_by_a_bounded_outcome():
+    metrics = Metrics()
+    for outcome in ("unauthorized", "rate_limited", "timeout", "ok", "a caller's words"):
+        metrics.hub_failure(outcome)
+    text = metrics.exposition().decode()
+    for outcome, count in (("unauthorized", 1), ("rate_limited", 1), ("timeout", 1), ("error", 2)):
+        assert f'hugginggpt_hub_lookup_failures_total{{outcome="{outcome}"}} {count}.0' in text, outcome
+    assert "caller" not in text and 'outcome="ok"' not in text

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from hugginggpt import cancel
+from hugginggpt.backends import ModelStatus
 from hugginggpt.catalog import Catalog, KeywordRanker, ModelCard, RankQuery
 from hugginggpt.catalog.scoring import Factors
 from hugginggpt.catalog.store import CatalogStore
@@ -223,7 +224,7 @@ def test_a_status_answer_expires_after_the_ttl(monkeypatch):
     clock[0] = 110.0  # exactly ttl later: stale
     av.check(["org/a"], ["local"])
     assert backend.asked == ["org/a", "org/a"]
-    assert av._check("local", "org/a") is True and backend.asked == ["org/a", "org/a"]  # fresh: from the cache
+    assert av._check("local", "org/a") == ModelStatus(True) and backend.asked == ["org/a", "org/a"]  # fresh: from the cache
 
 
 def test_a_status_check_is_not_cut_by_the_request_that_asked_first():

@@ -7,31 +7,35 @@ read with the configured token, so `huggingface.providers: auto` keeps the order
 settings (what `InferenceClient(provider="auto")` does); a list keeps the providers it names, in its order.
 A call goes to the first provider; on a provider error (429, 503, 5xx, a timeout, a model the provider no
 longer serves) the next one is tried, and only then the next model. A refused token (401) or spent credits
-(402) are the account's, not the provider's: no other provider or hosted model is tried.
+(402) are the account's, not the provider's: no other provider or hosted model is tried. The Hub's own
+failures (its model API down, slow or refusing the token) are named as the Hub's, never a provider's, and a
+provider's output file is fetched under the URL policy (hubclient.py); failures.py says what each one means.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import contextvars
+import hashlib
 import io
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, is_dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
 from .. import cancel
 from ..errors import BackendError
 from ..resources import decode_image, save_bytes, save_image
-from ..urlpolicy import bound_by_deadlines, current_deadline, deadline_scope, redact_urls_in, watched_adapter
-from . import HostedFailure, TaskInputs
+from ..urlpolicy import UrlPolicy, current_deadline, deadline_scope, watched_adapter
+from . import HostedFailure, ModelStatus, TaskInputs, note_attempts
+from .failures import HUB_NAME, Failure, hub_failure, one_line, provider_failure
+from .hubclient import HUB, HostedCall, hosted_call, install_hub_client
 from .normalize import draw_boxes, overlay_masks
 
 log = logging.getLogger(__name__)
@@ -51,10 +55,12 @@ def known_providers() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Route:
-    """One provider serving a model: its name and the task the Hub maps the model to on it."""
+    """One provider serving a model: its name and the task the Hub maps the model to on it; `mapping`: the Hub's
+    whole entry (huggingface_hub's InferenceProviderMapping), handed to InferenceClient with the call."""
 
     provider: str
     task: str
+    mapping: Any = field(default=None, compare=False, repr=False)
 
     def fits(self, task: str) -> bool:
         """Can a planned `task` run on this route? (a chat model serves the text-generation tasks)"""
@@ -81,26 +87,34 @@ class HostedInference:
                  status_timeout: float = 3.0, proxy: str | None = None, providers: tuple[str, ...] = (),  # pragma: no mutate: from_config passes every setting
                  router_url: str | None = None, hub_url: str | None = None,  # pragma: no mutate: from_config passes every setting
                  status_ttl: float = 30.0,  # pragma: no mutate: from_config passes every setting
+                 url_policy: UrlPolicy | None = None, max_fetch_bytes: int = 20 * 1024 * 1024,  # pragma: no mutate: from_config passes every setting
                  ):
         """providers: the Inference Providers allowed, in order (empty: auto, the user's order on the Hub).
         router_url: the Hub's router (default https://router.huggingface.co); hub_url: the Hub whose model
         API says which providers serve a model (default HF_ENDPOINT, else huggingface.co). Both are followed by
-        InferenceClient's own calls too. status_ttl: how long a model's providers are remembered."""
+        InferenceClient's own calls too. status_ttl: how long a model's providers are remembered.
+        url_policy, max_fetch_bytes: what a provider's output file (a URL the provider chose) may reach and weigh."""
         self.token = token
         self.public_dir = public_dir
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.custom_base = base_url is not None
         self.timeout = timeout
         self.status_timeout = status_timeout
+        self.proxy = proxy
         self.proxies = {"http": proxy, "https": proxy} if proxy else None
         self.providers = tuple(providers)
         self.router_url = (router_url or ROUTER_URL).rstrip("/")
         self.hub_url = hub_url.rstrip("/") if hub_url else None
         self.status_ttl = status_ttl
+        self.url_policy = url_policy or UrlPolicy()
+        self.max_fetch_bytes = max_fetch_bytes
         # told of every provider call: observe_provider(provider, outcome, seconds) (the server's metrics)
         self.observe_provider: Callable[[str, str, float], None] | None = None
-        self._routes: dict[str, tuple[tuple[Route, ...], float]] = {}
+        # told of every failed Hub lookup: observe_hub(outcome) (the server's metrics; never a provider's)
+        self.observe_hub: Callable[[str], None] | None = None
+        self._routes: dict[str, tuple[tuple[Route, ...], float]] = {}  # every live route, before huggingface.providers
         self._routes_lock = threading.Lock()
+        self._refused_tokens: set[str] = set()  # tokens the Hub refused, already logged (a digest, never the token)
         install_hub_client(proxy)
         self._http = requests.Session()
         adapter = watched_adapter()  # a status endpoint that dribbles is cut at status_timeout too
@@ -112,7 +126,8 @@ class HostedInference:
         return cls(config.huggingface_token, config.public_dir, config.huggingface_base_url, config.task_timeout,
                    config.status_timeout, config.proxy, providers=config.huggingface_providers,
                    router_url=config.huggingface_router_url, hub_url=config.catalog_endpoint,
-                   status_ttl=config.status_cache_seconds)
+                   status_ttl=config.status_cache_seconds, url_policy=config.url_policy(),
+                   max_fetch_bytes=config.max_fetch_bytes)
 
     def model_url(self, model_id: str) -> str:
         if "{model}" in self.base_url:
@@ -130,23 +145,55 @@ class HostedInference:
         return {"Authorization": f"Bearer {self.token}"}  # pragma: no mutate: header names are case-insensitive
 
     def is_available(self, model_id: str) -> bool:
-        """A custom base URL answers JARVIS's `/status/<id>`; otherwise some allowed provider must serve the
-        model (its live provider mapping on the Hub)."""
+        return self.model_status(model_id).available
+
+    def model_status(self, model_id: str) -> ModelStatus:
+        """Can hosted inference run `model_id` now, and if not, why. A custom base URL answers JARVIS's
+        `/status/<id>`; otherwise some allowed provider must serve the model (its live provider mapping on the
+        Hub). The Hub failing or slow is no answer (`lasting` False: not remembered as "unavailable")."""
         if not self.token:
-            return False
+            return ModelStatus(False, NO_TOKEN)
+        if self.custom_base:
+            return self._endpoint_status(model_id)
         try:
             with deadline_scope(time.monotonic() + self.status_timeout):
-                if self.custom_base:
-                    resp = self._http.get(self.status_url(model_id), headers=self._headers(),
-                                          timeout=self.status_timeout, proxies=self.proxies)
-                    data = resp.json() if resp.status_code == 200 else {}
-                    return bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded")
-                return bool(self.routes(model_id))
-        except Exception:  # noqa: BLE001 - any failure means "not available now"
-            return False
+                live = self._live_routes(model_id)
+        except Exception as exc:  # noqa: BLE001 - the Hub's answer, whatever went wrong, in one line
+            failure = self._hub_failed(exc, model_id, self.status_timeout)
+            return ModelStatus(False, failure.line, lasting=failure.answered)
+        if not live:
+            return ModelStatus(False, f"no Inference Provider serves {model_id} now (the Hub maps it to none live)")
+        if not self._allowed(live):
+            served = ", ".join(dict.fromkeys(r.provider for r in live))
+            return ModelStatus(False, f"{model_id} is served only by {served}, which huggingface.providers "
+                                      f"({', '.join(self.providers)}) leaves out")
+        return ModelStatus(True)
+
+    def _endpoint_status(self, model_id: str) -> ModelStatus:
+        try:
+            with deadline_scope(time.monotonic() + self.status_timeout):
+                resp = self._http.get(self.status_url(model_id), headers=self._headers(),
+                                      timeout=self.status_timeout, proxies=self.proxies)
+                data = resp.json() if resp.status_code == 200 else {}
+        except Exception as exc:  # noqa: BLE001 - any failure means "not available now"
+            return ModelStatus(False, f"the endpoint at huggingface.base_url did not answer its status check "
+                                      f"({exc.__class__.__name__})", lasting=False)
+        if bool(data.get("loaded")) or data.get("state") in ("Loadable", "Loaded"):
+            return ModelStatus(True)
+        return ModelStatus(False, f"the endpoint at huggingface.base_url does not serve {model_id} now")
 
     def routes(self, model_id: str) -> tuple[Route, ...]:
         """The allowed providers serving `model_id` now, in the order they are tried (remembered status_ttl s)."""
+        return self._allowed(self._live_routes(model_id))
+
+    def _allowed(self, live: tuple[Route, ...]) -> tuple[Route, ...]:
+        if not self.providers:
+            return live
+        return tuple(sorted((r for r in live if r.provider in self.providers), key=lambda r: self.providers.index(r.provider)))
+
+    def _live_routes(self, model_id: str) -> tuple[Route, ...]:
+        """Every live provider of `model_id` this huggingface_hub can call, in the user's order (remembered
+        status_ttl s; a failed lookup raises and is not remembered)."""
         now = time.monotonic()
         with self._routes_lock:
             hit = self._routes.get(model_id)
@@ -157,11 +204,8 @@ class HostedInference:
         info = HfApi(endpoint=self.hub_url, token=self.token).model_info(  # bounded by the caller's deadline_scope
             model_id, expand=["inferenceProviderMapping"])
         callable_ = _callable_tasks()
-        live = [Route(m.provider, m.task) for m in (info.inference_provider_mapping or [])
-                if m.status == "live" and m.task in callable_.get(m.provider, ())]
-        if self.providers:
-            live = sorted((r for r in live if r.provider in self.providers), key=lambda r: self.providers.index(r.provider))
-        found = tuple(live)
+        found = tuple(Route(m.provider, m.task, m) for m in (info.inference_provider_mapping or [])
+                      if m.status == "live" and m.task in callable_.get(m.provider, ()))
         if self.status_ttl > 0:  # pragma: no mutate: at 0 an entry would be stored expired, never read
             with self._routes_lock:
                 if len(self._routes) > 10_000:
@@ -169,23 +213,43 @@ class HostedInference:
                 self._routes[model_id] = (found, now + self.status_ttl)
         return found
 
+    def _hub_failed(self, exc: BaseException, model_id: str, slow_after: float) -> Failure:
+        """The Hub's failure, logged (a refused token once per token, not per task) and counted as the Hub's.
+        slow_after: the bound the lookup ran under."""
+        failure = hub_failure(exc, model_id, slow_after, one_line(exc, self.token))
+        if self.observe_hub is not None:
+            self.observe_hub(failure.outcome)
+        if failure.outcome == "unauthorized":
+            digest = hashlib.sha256((self.token or "").encode()).hexdigest()
+            with self._routes_lock:
+                first = digest not in self._refused_tokens
+                self._refused_tokens.add(digest)
+            if first:
+                log.error("hosted inference: %s", failure.line)
+        elif not failure.answered:  # the Hub failed or was slow (a model it does not know is an answer)
+            log.warning("hosted inference: %s", failure.line)
+        return failure
+
     def infer(self, model_id: str, inputs: TaskInputs) -> dict[str, Any]:
         """The task's result, with `provider` (who served it) and, when providers before it failed,
         `fallback.tried`. Raises HostedFailure naming every provider tried and why it failed."""
         if not self.token:
-            raise BackendError("hosted inference needs a Hugging Face token: set huggingface.token in the config "
-                               "or export HUGGINGFACE_ACCESS_TOKEN")
+            raise BackendError(NO_TOKEN)
         handler = HANDLERS.get(inputs.task)
         if handler is None:
             raise BackendError(f"hosted inference does not support {inputs.task}")
         if self.custom_base:
+            note_attempts([], {"model": model_id, "hosted_on": self.name, "provider": ENDPOINT})
             return self._on_provider(ENDPOINT, "hf-inference", self.model_url(model_id), model_id, handler, inputs)
         try:
             with deadline_scope(time.monotonic() + self.status_timeout):
                 routes = [r for r in self.routes(model_id) if r.fits(inputs.task)]
         except Exception as exc:  # noqa: BLE001 - the Hub's answer, whatever went wrong, in one line
-            raise BackendError(f"the providers of {model_id} could not be read from the Hub: "
-                               f"{self._line(exc)}") from None
+            failure = self._hub_failed(exc, model_id, self.status_timeout)
+            if failure.final:  # the Hub refused the token: the account's, as a router's 401 would be
+                raise HostedFailure(failure.line, [{"model": model_id, "hosted_on": self.name, "error": failure.line}],
+                                    final=True) from None
+            raise BackendError(failure.line) from None
         if not routes:
             allowed = f" among huggingface.providers ({', '.join(self.providers)})" if self.providers else ""
             raise BackendError(f"no Inference Provider{allowed} serves {model_id} for {inputs.task} now")
@@ -195,7 +259,9 @@ class HostedInference:
             if token is not None and token.cancelled:
                 break
             use = CHAT if route.task == "conversational" and inputs.task in TEXT_GENERATION else handler
+            note_attempts(tried, {"model": model_id, "hosted_on": self.name, "provider": route.provider})
             try:
+                hand_over(route, model_id)
                 result = self._on_provider(route.provider, route.provider, model_id, model_id, use, inputs)
             except HostedFailure as exc:
                 tried += exc.tried
@@ -210,6 +276,26 @@ class HostedInference:
         reasons = "; ".join(t["error"] for t in tried) or "cancelled"
         raise HostedFailure(f"hosted inference of {model_id} failed on every provider: {reasons}", tried)
 
+    def _call(self) -> HostedCall:
+        """This call's view of the network (hubclient.py): the configured router and Hub, the token the Hub's
+        lookups carry, and the policy a provider's files are fetched under."""
+        from huggingface_hub import constants
+
+        library_hub = constants.ENDPOINT.rstrip("/")
+        hub = self.hub_url or library_hub
+        moves = []
+        if self.router_url != ROUTER_URL:
+            moves.append((ROUTER_URL, self.router_url))
+        if hub != library_hub:
+            moves.append((library_hub, hub))
+        if self.custom_base:  # an own endpoint: its origin is the configured one
+            parts = urlsplit(self.base_url)
+            router = f"{parts.scheme}://{parts.netloc}"
+        else:
+            router = self.router_url
+        return HostedCall(tuple(moves), router, hub, self.token, self.url_policy, self.max_fetch_bytes, self.timeout,
+                          self.proxy)
+
     def _on_provider(self, label: str, provider: str, model: str, model_id: str, handler: Handler,
                      inputs: TaskInputs) -> dict[str, Any]:
         """One call of `handler` on one provider (label: its name in records and metrics). task_timeout bounds
@@ -219,10 +305,10 @@ class HostedInference:
 
         client = InferenceClient(provider=provider, token=self.token, timeout=self.timeout)
         started = time.perf_counter()
-        outcome = "error"
+        outcome, provider_was_asked = "error", True
         try:
             request_deadline = current_deadline()  # the request's, before this call's own task_timeout scope
-            with deadline_scope(time.monotonic() + self.timeout), self._rerouted():
+            with deadline_scope(time.monotonic() + self.timeout), hosted_call(self._call()) as call:
                 try:
                     result = handler(self, client, model, inputs)
                     outcome = "ok"
@@ -233,83 +319,43 @@ class HostedInference:
                     # only the request's deadline ends every hosted try: a provider silent for task_timeout
                     # is one provider's failure, and the next one is asked
                     left = request_deadline - time.monotonic() if request_deadline is not None else math.inf
-                    outcome, line, final = self._failure(exc, label, model_id, left)
-                    raise HostedFailure(f"hosted inference of {model_id} failed: {line}",
-                                        [{"model": model_id, "hosted_on": self.name, "provider": label, "error": line}],
-                                        final=final) from None
+                    if call.last == HUB:  # InferenceClient's own lookup of the mapping: the Hub failed
+                        provider_was_asked = False
+                        failure = self._hub_failed(exc, model_id, self.timeout)
+                        if left <= 0.05:
+                            failure = Failure("timeout", f"{HUB_NAME} did not answer before the deadline passed", True)
+                        entry = {"model": model_id, "hosted_on": self.name, "error": failure.line}
+                    else:
+                        who = "the endpoint at huggingface.base_url" if label == ENDPOINT else label
+                        failure = provider_failure(exc, who, model_id, self.timeout, left,
+                                                   one_line(exc, self.token))
+                        outcome = failure.outcome
+                        entry = {"model": model_id, "hosted_on": self.name, "provider": label, "error": failure.line}
+                    raise HostedFailure(f"hosted inference of {model_id} failed: {failure.line}", [entry],
+                                        final=failure.final) from None
         finally:
-            if self.observe_provider is not None:
+            if self.observe_provider is not None and provider_was_asked:
                 self.observe_provider(label, outcome, time.perf_counter() - started)
-
-    def _failure(self, exc: BaseException, label: str, model_id: str, left: float) -> tuple[str, str, bool]:
-        """(metrics outcome, one line for the user, final: no other provider or hosted model would do better)."""
-        who = "the endpoint at huggingface.base_url" if label == ENDPOINT else label
-        if _timed_out(exc):
-            if left <= 0.05:
-                return "timeout", f"{who} timed out (the deadline passed)", True
-            return "timeout", f"{who} timed out (no answer for {self.timeout:.0f}s)", False
-        status = _status_of(exc)
-        if status == 401:
-            return "unauthorized", (f"{who} refused the Hugging Face token (401 Unauthorized): check huggingface.token "
-                                    "or HUGGINGFACE_ACCESS_TOKEN (a fine-grained token needs the permission to make "
-                                    "calls to Inference Providers)"), True
-        if status == 402:
-            return "out_of_credits", (f"the Hugging Face account has no Inference Providers credits left (402 Payment "
-                                      f"Required from {who}): add credits at https://huggingface.co/settings/billing, "
-                                      "or run the task on the local models server (inference_mode: hybrid)"), True
-        if status == 429:
-            return "rate_limited", (f"{who} is rate-limiting this token (429 Too Many Requests): wait a minute, or allow "
-                                    "more providers in huggingface.providers"), False
-        if status == 503:
-            return "unavailable", (f"{who} cannot serve {model_id} right now (503 Service Unavailable: the model is "
-                                   "loading or the provider is overloaded); try again in a minute"), False
-        return "error", f"{who} failed{f' ({status})' if status else ''}: {self._line(exc)}", False
-
-    def _line(self, exc: BaseException) -> str:
-        """The first line of an error (the server's own message when it sent one), without secrets or URLs."""
-        message = getattr(exc, "server_message", None) or str(exc) or exc.__class__.__name__
-        message = message.strip().splitlines()[0] if message.strip() else exc.__class__.__name__
-        if self.token:
-            message = message.replace(self.token, "***")
-        return redact_urls_in(message)[:300]
-
-    @contextlib.contextmanager
-    def _rerouted(self) -> Iterator[None]:
-        """InferenceClient's calls in this block go to the configured router and Hub (huggingface_hub has the
-        router's address as a constant, and reads HF_ENDPOINT once, at import)."""
-        from huggingface_hub import constants
-
-        moves = []
-        if self.router_url != ROUTER_URL:
-            moves.append((ROUTER_URL, self.router_url))
-        if self.hub_url and self.hub_url != constants.ENDPOINT.rstrip("/"):
-            moves.append((constants.ENDPOINT.rstrip("/"), self.hub_url))
-        token = _MOVES.set(tuple(moves))
-        try:
-            yield
-        finally:
-            _MOVES.reset(token)
 
     def save_image(self, image: Any) -> str:
         return save_image(self.public_dir, image)
 
 
-_MOVES: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("hub_moves", default=())
+NO_TOKEN = ("hosted inference needs a Hugging Face token: set huggingface.token in the config or export "
+            "HUGGINGFACE_ACCESS_TOKEN")
 
 
-def _reroute(request: Any) -> None:
-    """The hub client's request hook: a URL under a moved origin (`HostedInference._rerouted`) goes to its new one."""
-    moves = _MOVES.get()
-    if not moves:
+def hand_over(route: Route, model_id: str) -> None:
+    """InferenceClient's providers read a model's mapping from a table of the library's before they ask the Hub
+    for it again (anonymously, or with a stale token from HF_HOME) and keep that answer for the life of the
+    process (a provider added or gone later is never seen): the mapping just read, with the configured token and
+    within status_cache_seconds, goes there. hf-inference takes no mapping: it looks the model up itself (that
+    lookup carries the configured token, hubclient.py)."""
+    if route.mapping is None or route.provider == "hf-inference":
         return
-    import httpx2
+    from huggingface_hub.inference._providers._common import HARDCODED_MODEL_INFERENCE_MAPPING
 
-    url = str(request.url)
-    for old, new in moves:
-        if url == old or url.startswith((old + "/", old + "?")):
-            request.url = httpx2.URL(new + url[len(old):])
-            request.headers["Host"] = request.url.netloc.decode("ascii")
-            return
+    HARDCODED_MODEL_INFERENCE_MAPPING.setdefault(route.provider, {})[model_id] = route.mapping
 
 
 def _callable_tasks() -> dict[str, set[str]]:
@@ -318,65 +364,6 @@ def _callable_tasks() -> dict[str, set[str]]:
 
     return {name: set(tasks) & set(HANDLERS) for name, tasks in PROVIDERS.items()}
 
-
-def _status_of(exc: BaseException | None) -> int | None:
-    """The HTTP status of the response an error came from, anywhere in the chain."""
-    for _ in range(10):  # pragma: no mutate: a bound on the chain's length (a cause may loop); any will do
-        if exc is None:
-            return None
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", None)
-        if isinstance(status, int):
-            return status
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-_installed: list[str | None] = []
-_install_lock = threading.Lock()
-
-
-def install_hub_client(proxy: str | None) -> None:
-    """huggingface_hub makes every HTTP call (InferenceClient, HfApi, downloads) through one process-wide client
-    from a factory: ours bounds each read and write by the thread's `deadline_scope` (a hosted endpoint that
-    dribbles a byte every few seconds would otherwise restart the read timeout for ever) and goes through
-    `proxy`, and follows `HostedInference._rerouted` (the configured router and Hub). Outside a deadline scope
-    it behaves like the library's own client. Installed once per process."""
-    with _install_lock:
-        if _installed and _installed[0] == proxy:
-            return
-        import httpx2
-        from huggingface_hub import set_client_factory
-
-        try:
-            from huggingface_hub.utils._http import hf_request_event_hook  # offline mode, request ids
-            hooks = {"request": [_reroute, hf_request_event_hook]}
-        except ImportError:  # pragma: no cover - a huggingface_hub without it
-            hooks = {"request": [_reroute]}
-
-        def factory() -> httpx2.Client:
-            client = httpx2.Client(proxy=proxy, event_hooks=hooks, follow_redirects=True, timeout=None)
-            for transport in (client._transport, *client._mounts.values()):  # env proxies are mounts
-                if transport is not None:
-                    bound_by_deadlines(transport)
-            return client
-
-        set_client_factory(factory)
-        _installed[:] = [proxy]
-
-
-def _timed_out(exc: BaseException | None) -> bool:
-    """InferenceClient's timeout error, or the HTTP client's, anywhere in the chain."""
-    import httpx2
-    from huggingface_hub.errors import InferenceTimeoutError
-
-    for _ in range(10):  # pragma: no mutate: a bound on the chain's length (a cause may loop); any will do
-        if exc is None:
-            return False
-        if isinstance(exc, (httpx2.TimeoutException, InferenceTimeoutError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def _need(inputs: TaskInputs, field: str) -> Any:

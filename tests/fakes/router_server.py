@@ -21,6 +21,20 @@ The router (point `huggingface.router_url` here; the real one is https://router.
 
 `failures[provider] = status` makes that provider answer with the router's error for the status (401, 402, 429,
 503, 500); every call is recorded (`calls`), with the Authorization header it carried.
+
+What real accounts and networks do, as the real services do it:
+- `revoked`: tokens the Hub and the router refuse on every call, public models included: 401 with the Hub's
+  `X-Error-Message: Invalid credentials in Authorization header` (what huggingface_hub reads to tell a bad token
+  from a missing repository, which the Hub also answers with 401).
+- `hub_status`: the Hub's model API answers every call with this status (500 Internal Error, 429 with the
+  rate-limit headers, 503); `anonymous_status`: only calls without a token get it (the Hub rate-limits
+  anonymous callers first).
+- `links[provider] = url`: the file URL that provider's answer points at instead of its own (a loopback or
+  private address, an expired signed link, a redirect, a huge file). `cdn` (`cdn_app`) is a file host like
+  fal's or replicate's: `/files/<name>`, `/expired/<name>` (403, the XML body of an expired signed URL),
+  `/big` (64 MB, its length said), `/redirect?to=<url>` (302).
+- `replicate_outputs[model] = output`: replicate's prediction `output` for that model instead of the usual one
+  (a `{"txt_file": url}` transcription, or None: `Prefer: wait` ran out before the prediction finished).
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 from PIL import Image
 
+INVALID_TOKEN = "Invalid credentials in Authorization header"
 ERRORS = {
     401: "Invalid credentials in Authorization header",
     402: "You have exceeded your monthly included credits for Inference Providers. Subscribe to PRO to get 20x "
@@ -64,6 +79,12 @@ class FakeRouter:
     calls: list[dict[str, Any]] = field(default_factory=list)
     hub_calls: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, bytes] = field(default_factory=dict)
+    revoked: set[str] = field(default_factory=set)
+    hub_status: int | None = None
+    anonymous_status: int | None = None
+    links: dict[str, str] = field(default_factory=dict)
+    replicate_outputs: dict[str, Any] = field(default_factory=dict)
+    cdn_hits: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _names: Any = field(default_factory=lambda: itertools.count(1))
 
@@ -76,6 +97,11 @@ class FakeRouter:
             self.hangs.clear()
             self.calls.clear()
             self.hub_calls.clear()
+            self.revoked.clear()
+            self.hub_status = self.anonymous_status = None
+            self.links.clear()
+            self.replicate_outputs.clear()
+            self.cdn_hits.clear()
 
     def calls_to(self, provider: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -90,11 +116,38 @@ class FakeRouter:
             served.sort(key=lambda s: order.index(s.provider) if s.provider in order else len(order))
         return {s.provider: {"providerId": s.provider_id, "status": s.status, "task": s.task} for s in served}
 
+    def refused(self) -> Response | None:
+        """The Hub's and the router's answer to a revoked token: 401 on every call."""
+        token = (request.headers.get("Authorization") or "").removeprefix("Bearer ") or None
+        if token in self.revoked:
+            resp = jsonify({"error": INVALID_TOKEN})
+            resp.status_code = 401
+            resp.headers["X-Error-Message"] = INVALID_TOKEN
+            return resp
+        return None
+
+    def hub_failure(self, token: str | None) -> Response | None:
+        status = self.hub_status or (self.anonymous_status if token is None else None)
+        if status is None:
+            return None
+        if status == 429:
+            resp = jsonify({"error": "You have exceeded our hourly quotas for action: api. We invite you to retry "
+                                     "later."})
+            resp.headers["RateLimit"] = '"api";r=0;t=120'
+            resp.headers["RateLimit-Policy"] = '"fixed window";"api";q=500;w=300'
+        else:
+            resp = jsonify({"error": "Internal Error - We're working hard to fix this as soon as possible!"})
+        resp.status_code = status
+        return resp
+
     def model_info(self, model_id: str) -> Response:
         token = (request.headers.get("Authorization") or "").removeprefix("Bearer ") or None
         with self.lock:
             self.hub_calls.append({"model": model_id, "expand": request.args.getlist("expand"), "token": token})
         time.sleep(self.hangs.get("hub", 0))
+        refused = self.refused() or self.hub_failure(token)
+        if refused is not None:
+            return refused
         model = self.models.get(model_id)
         if model is None:
             return jsonify({"error": "Repository not found"}), 404
@@ -115,7 +168,10 @@ class FakeRouter:
                                "authorization": request.headers.get("Authorization"),
                                "content_type": request.headers.get("Content-Type"), **extra})
 
-    def failure(self, provider: str, model: str | None) -> tuple[Response, int] | None:
+    def failure(self, provider: str, model: str | None) -> Response | tuple[Response, int] | None:
+        refused = self.refused()
+        if refused is not None:
+            return refused
         if provider in self.hangs:
             time.sleep(self.hangs[provider])
         status = self.failures.get(provider)
@@ -132,11 +188,66 @@ class FakeRouter:
                     return model_id, s
         return None
 
-    def file_url(self, data: bytes, suffix: str) -> str:
+    def file_url(self, data: bytes, suffix: str, provider: str | None = None) -> str:
+        if provider in self.links:
+            return self.links[provider]
         name = f"{next(self._names)}.{suffix}"
         with self.lock:
             self.files[name] = data
         return f"{request.host_url.rstrip('/')}/files/{name}"
+
+    def keep(self, data: bytes, suffix: str) -> str:
+        """A file on the CDN; its name (`/files/<name>` there)."""
+        name = f"{next(self._names)}.{suffix}"
+        with self.lock:
+            self.files[name] = data
+        return name
+
+    def cdn_app(self) -> Flask:
+        """A provider's file host: the files `keep` stored, expired signed links, a huge file, redirects."""
+        app = Flask("fake-cdn")
+
+        @app.before_request
+        def hit() -> None:
+            with self.lock:
+                self.cdn_hits.append(request.full_path.rstrip("?"))
+
+        @app.get("/files/<name>")
+        def cdn_file(name: str) -> Response:
+            with self.lock:
+                data = self.files.get(name)
+            if data is None:
+                return jsonify({"error": "no such file"}), 404
+            return Response(data, mimetype="image/png" if name.endswith(".png") else "text/plain")
+
+        @app.get("/expired/<name>")
+        def expired(name: str) -> Response:
+            return Response("<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>Request "
+                            "has expired</Message></Error>", status=403, mimetype="application/xml")
+
+        @app.get("/big")
+        def big() -> Response:
+            chunk, count = b"\0" * 65536, 1024  # 64 MB, its length said
+
+            def body():
+                for _ in range(count):
+                    yield chunk
+
+            return Response(body(), mimetype="image/png", headers={"Content-Length": str(len(chunk) * count)})
+
+        @app.get("/unsaid")
+        def unsaid() -> Response:  # 64 MB, no length said: only counting the bytes stops it
+            def body():
+                for _ in range(1024):
+                    yield b"\0" * 65536
+
+            return Response(body(), mimetype="image/png")
+
+        @app.get("/redirect")
+        def redirect() -> Response:
+            return Response("", status=302, headers={"Location": request.args["to"]})
+
+        return app
 
     def image(self, prompt: str, color: tuple[int, int, int]) -> tuple[bytes, int, int]:
         buf = io.BytesIO()
@@ -193,7 +304,7 @@ class FakeRouter:
             task = found[1].task
             if task == "text-to-image":
                 data, w, h = self.image(body["prompt"], (250, 120, 0))
-                return jsonify({"images": [{"url": self.file_url(data, "png"), "width": w, "height": h,
+                return jsonify({"images": [{"url": self.file_url(data, "png", "fal-ai"), "width": w, "height": h,
                                             "content_type": "image/png"}],
                                 "timings": {"inference": 0.01}, "seed": 42, "has_nsfw_concepts": [False],
                                 "prompt": body["prompt"]})
@@ -216,13 +327,17 @@ class FakeRouter:
             task, inputs = found[1].task, body.get("input") or {}
             prediction = {"id": "p1", "model": found[1].provider_id.split(":")[0], "version": body.get("version"),
                           "status": "succeeded", "input": sorted(inputs), "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
-            if task == "automatic-speech-recognition":
+            if found[0] in self.replicate_outputs:
+                prediction["output"] = self.replicate_outputs[found[0]]
+                if prediction["output"] is None:  # `Prefer: wait` ran out (60 s at most) before it finished
+                    prediction["status"] = "processing"
+            elif task == "automatic-speech-recognition":
                 audio = base64.b64decode(inputs["audio"].split(",", 1)[1])
                 prediction["output"] = {"transcription": f"replicate transcript of {len(audio)} bytes",
                                         "segments": [], "detected_language": "english"}
             elif task == "text-to-image":
                 data, _, _ = self.image(inputs["prompt"], (0, 90, 250))
-                prediction["output"] = [self.file_url(data, "png")]
+                prediction["output"] = [self.file_url(data, "png", "replicate")]
             else:
                 return jsonify({"detail": f"the fake does not do {task} on replicate"}), 422
             return jsonify(prediction), 201
