@@ -31,7 +31,8 @@ _SHARED_HITS = mutmut_hits.SharedFixtureHits()
 
 @pytest.fixture(scope="session", autouse=True)
 def _mutmut_children() -> None:
-    """Under mutmut only: the servers tests start report the functions they reach, and exit with this run."""
+    """Every process the tests start exits with this run (however it ends); under mutmut's stats run, the servers
+    also report the functions they reach."""
     hits = mutmut_hits.start()
     if hits is not None:
         _CHILD_HITS.append(hits)

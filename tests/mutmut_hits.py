@@ -75,15 +75,15 @@ class SharedFixtureHits:
 
 
 def start() -> ChildHits | None:
-    """Called at session start; None outside mutmut."""
-    mode = os.environ.get("MUTANT_UNDER_TEST")
-    if not mode:
-        return None
-    os.environ["HUGGINGGPT_MUTMUT_RUNNER"] = str(os.getpid())
+    """Called at session start. Every process the tests start (servers, CLIs, and what they start in turn) exits
+    when this test run is gone, however it ended (killed, timed out, a mutant stopped): `mutmut_child/
+    sitecustomize.py` watches this pid in each of them. Under mutmut's stats run it also collects the functions
+    they reach (the ChildHits returned; None otherwise)."""
+    os.environ["HUGGINGGPT_TEST_RUNNER"] = str(os.getpid())
     path = os.environ.get("PYTHONPATH", "")
     if str(CHILD_SITE) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHILD_SITE), path) if p)
-    if mode != "stats":
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
         return None
     hits = ChildHits()
     os.environ["HUGGINGGPT_MUTMUT_HITS"] = str(hits.folder)

@@ -1,10 +1,12 @@
-"""Loaded by Python at start-up in the servers that tests start, only while mutmut runs the tests.
+"""Loaded by Python at start-up in every process that tests start (servers, CLIs, and their own children).
 
-mutmut's trampolines record which functions a test reaches, but a server the test starts as a child
-process records them in its own memory, where mutmut never looks: those functions would count as
-reached by no test. Here the child writes each function it reaches to a file; `tests/mutmut_hits.py`
-hands them to mutmut at the end of every test. A child also exits when the test run that started it
-is gone, so a mutant killed for running too long leaves no server behind.
+A child exits when the test run that started it is gone (`HUGGINGGPT_TEST_RUNNER`, its pid), however the run
+ended: killed, timed out, a mutant stopped for running too long. No server is left serving after its run.
+
+Under mutmut's stats run only: mutmut's trampolines record which functions a test reaches, but a server the
+test starts as a child process records them in its own memory, where mutmut never looks: those functions would
+count as reached by no test. Here the child writes each function it reaches to a file; `tests/mutmut_hits.py`
+hands them to mutmut at the end of every test.
 """
 
 from __future__ import annotations
@@ -57,11 +59,11 @@ def _forward_hits(folder: str) -> None:
     trampoline.record_trampoline_hit = record
 
 
-if os.environ.get("MUTANT_UNDER_TEST") and os.environ.get("HUGGINGGPT_MUTMUT_RUNNER"):
-    threading.Thread(target=_exit_when_runner_is_gone, args=(int(os.environ["HUGGINGGPT_MUTMUT_RUNNER"]),),
-                     daemon=True, name="mutmut-runner-watch").start()
-    if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("HUGGINGGPT_MUTMUT_HITS"):
-        _forward_hits(os.environ["HUGGINGGPT_MUTMUT_HITS"])
+if os.environ.get("HUGGINGGPT_TEST_RUNNER", "").isdigit():
+    threading.Thread(target=_exit_when_runner_is_gone, args=(int(os.environ["HUGGINGGPT_TEST_RUNNER"]),),
+                     daemon=True, name="test-runner-watch").start()
+if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("HUGGINGGPT_MUTMUT_HITS"):
+    _forward_hits(os.environ["HUGGINGGPT_MUTMUT_HITS"])
 
 try:  # a sitecustomize further down the path (a distribution's own) still runs
     sys.modules.pop("sitecustomize", None)
