@@ -106,7 +106,7 @@ class Executor:
                 continue
             started = time.perf_counter()
             attempts: list[dict[str, str]] = []  # pragma: no mutate: read only as `attempts or ...`: None is alike
-            final = False
+            final = account = False
             listening = listening_to_attempts(_keeper(state, task.id, list(tried)))
             try:
                 note_attempts([], {"model": model_id, "hosted_on": backend_name})
@@ -116,11 +116,11 @@ class Executor:
                 result = {"error": {"message": str(exc)}}
                 if isinstance(exc, HostedFailure):  # which providers were tried, and why each failed
                     attempts = exc.tried
-                    final = exc.final
+                    final, account = exc.final, exc.account
             finally:
                 stop_listening(listening)
             seconds = time.perf_counter() - started
-            if final:
+            if account:  # the account was refused: nothing more of this request goes there
                 with state.lock:
                     state.refused.setdefault(backend_name, _message(result["error"]))
             if self.observe_model is not None:

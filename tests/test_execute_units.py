@@ -1015,3 +1015,18 @@ def test_a_refusal_holds_for_the_rest_of_the_request_and_the_local_server_still_
     assert state.results[2]["inference result"]["error"]["message"] == (
         "every candidate failed: 1 huggingface candidate(s) not tried: the account was refused earlier in this "
         "request (no credits)")
+
+
+def test_a_deadline_that_ends_a_hosted_model_is_no_refusal_of_the_account(config):
+    """Timed out at the deadline: final for that model, but the account was not refused (nothing is remembered as
+    refused, the next candidate is still asked)."""
+    late = HostedFailure("late", [{"model": "org/h1", "hosted_on": "huggingface", "provider": "fal-ai",
+                                   "error": "fal-ai timed out (the deadline passed)"}], final=True, account=False)
+    hub = Scripted("huggingface", answers={"org/h1": late})
+    executor = Executor(config, {"huggingface": hub}, LOOPBACK)
+    state = new_state(config)
+    t = task(0, "text-to-image", text="a fox")
+    choose(state, t, "org/h1", "huggingface", huggingface=["org/h1", "org/h2"])
+    record = executor.run_task(state, t)
+    assert state.refused == {} and hub.models_called() == ["org/h1", "org/h2"]
+    assert record["choose model result"]["id"] == "org/h2"

@@ -226,6 +226,48 @@ def test_a_stale_token_in_hf_home_does_not_fail_every_hosted_task(fake, urls, pu
     assert STALE not in srv.logs() and TOKEN not in srv.logs()
 
 
+def test_a_lookup_answered_but_refused_by_the_client_is_the_providers_failure_not_the_hubs(fake, urls, public_dir):
+    """hf-inference's client reads the model from the Hub (which answers) and then refuses the task itself: that is
+    no failure of the Hub's."""
+    router, _ = urls
+    fake.serve("acme/fresh-hf-9", "image-to-text", Served("hf-inference", "acme/fresh-hf-9", "text-to-image"))
+    hosted = backend(router, public_dir)
+    observed: list[tuple[str, str]] = []
+    hub_outcomes: list[str] = []
+    hosted.observe_provider = lambda provider, outcome, seconds: observed.append((provider, outcome))
+    hosted.observe_hub = hub_outcomes.append
+    with pytest.raises(HostedFailure) as info:
+        hosted.infer("acme/fresh-hf-9", draw())
+    assert "hf-inference failed: Model 'acme/fresh-hf-9' doesn't support task 'text-to-image'" in str(info.value)
+    assert "Hugging Face Hub" not in str(info.value)
+    assert observed == [("hf-inference", "error")] and hub_outcomes == []
+
+
+def test_a_hub_url_a_provider_hands_back_gets_no_token(fake, urls, public_dir):
+    """replicate's `txt_file` pointing at the Hub's API: fetched as a file, never with huggingface.token."""
+    router, _ = urls
+    fake.replicate_outputs[WHISPER] = {"txt_file": f"{router}/api/models/{FLUX}"}
+    audio = resolve("/examples/hello.wav", public_dir, 10**6, 5)
+    backend(router, public_dir).infer(WHISPER, TaskInputs("automatic-speech-recognition", audio=audio))
+    [ours, handed_back] = [c["token"] for c in fake.hub_calls]
+    assert ours == TOKEN and handed_back is None
+
+
+def test_where_a_request_of_a_hosted_call_goes_compares_urls_as_sent():
+    from hugginggpt.backends.hubclient import FILE, HUB, ROUTER, HostedCall
+
+    call = HostedCall((), "https://Gw.Example.com:443/", "https://HUB.example.org/", TOKEN, UrlPolicy(), 1, 1.0)
+    assert call.kind("GET", "https://hub.example.org/api/models/a/b?expand=x") == HUB
+    assert call.kind("POST", "https://hub.example.org/api/models/a/b") == FILE
+    assert call.kind("POST", "https://gw.example.com/fal-ai/x") == ROUTER
+    assert call.kind("GET", "https://gw.example.com.evil.example/fal-ai/x") == FILE
+    assert call.kind("GET", "https://gw.example.com:8443/fal-ai/x") == FILE
+    assert call.kind("GET", "http://gw.example.com/fal-ai/x") == FILE
+    assert call.kind("GET", "https://v3.fal.media/files/x.png") == FILE
+    call.routed = True  # once the router was asked, the Hub's API is a URL like any other
+    assert call.kind("GET", "https://hub.example.org/api/whoami-v2") == FILE
+
+
 # -- 5. provider output files go through the URL policy ----------------------------------------------------------
 
 
@@ -286,15 +328,27 @@ def test_a_huge_provider_file_is_cut_at_max_fetch_bytes(fake, urls, public_dir, 
     assert "is larger than the 1 MiB limit" in str(info.value)
 
 
-def test_an_expired_file_link_reads_as_expired_naming_the_provider(fake, urls, public_dir):
+@pytest.mark.parametrize("path, status", [("expired/abc.png", 403), ("gone/abc.png", 410), ("files/none.png", 404)])
+def test_an_expired_file_link_reads_as_expired_naming_the_provider(fake, urls, public_dir, path, status):
     router, cdn = urls
-    fake.links["fal-ai"] = f"{cdn_named(cdn)}/expired/abc.png?X-Amz-Signature=deadbeef"
+    fake.links["fal-ai"] = f"{cdn_named(cdn)}/{path}?X-Amz-Signature=deadbeef"
     with pytest.raises(HostedFailure) as info:
         backend(router, public_dir, providers=("fal-ai",)).infer(FLUX, draw())
     assert str(info.value) == (f"hosted inference of {FLUX} failed: the provider's file link expired or was refused "
-                               f"(HTTP 403 from fal-ai's file host): the output of {FLUX} could not be fetched; try "
-                               "again")
+                               f"(HTTP {status} from fal-ai's file host): the output of {FLUX} could not be fetched; "
+                               "try again")
     assert "BytesIO" not in str(info.value) and "deadbeef" not in str(info.value)
+
+
+def test_a_refusal_after_a_provider_error_keeps_both_in_tried(fake, urls, public_dir):
+    router, _ = urls
+    fake.failures["fal-ai"], fake.failures["replicate"] = 503, 402
+    with pytest.raises(HostedFailure) as info:
+        backend(router, public_dir).infer(FLUX, draw())
+    assert info.value.final is True
+    assert [(t["provider"], t["error"][:40]) for t in info.value.tried] == [
+        ("fal-ai", f"fal-ai cannot serve {FLUX} right"[:40]),
+        ("replicate", "the Hugging Face account has no Inferenc")]
 
 
 # -- 6. replicate's wait running out --------------------------------------------------------------------------

@@ -273,3 +273,36 @@ def test_the_clean_check_runs_only_after_a_run_that_judged_a_mutant(audit, tmp_p
     monkeypatch.setattr(audit, "mutmut", lambda cwd, *args, log=None: 0)  # all judged before: nothing run
     assert audit.run_module(module, {}, recheck=False, max_children=None).mutants == 1
     assert checked == ["m"]
+
+
+def test_every_file_of_the_package_is_in_the_audit_and_every_file_it_names_exists(audit):
+    """A new module cannot be missed (named by a module's `path`, globs as mutmut reads them, or a face), nor can
+    a renamed test or module leave an entry naming nothing (docs/TESTING.md, "Covering the whole package")."""
+    from mutmut.mutation.file_mutation import mutate_file_contents
+
+    _base, modules, quick, faces = audit.settings()
+    files = audit.package_files()
+    assert "hugginggpt/server.py" in files and "hugginggpt/modelhost/pool.py" in files  # the package is read
+    assert audit.unaudited(modules, faces) == []
+    twice = {rel: by for rel in files if len(by := audit.audited_by(rel, modules)) > 1}
+    assert twice == {}  # one row per file: its mutants judged against one list of tests
+    assert [m.name for m in modules.values() if not any(audit.audited_by(rel, {m.name: m}) for rel in files)] == []
+    tests = {t for m in modules.values() for t in m.tests} | {t for ts in quick.values() for t in ts}
+    assert sorted(t for t in tests if not (ROOT / t).is_file()) == []
+    assert all(m.tests for m in modules.values()) and set(quick) <= set(modules)
+    assert {m.goal for m in modules.values()} <= {0.85, 0.95}
+    for face in faces:  # nothing for mutmut to mutate, a reason, and in no module as well
+        assert (ROOT / face.path).is_file() and face.why.strip(), face
+        assert audit.audited_by(face.path, modules) == [], face
+        assert mutate_file_contents(face.path, (ROOT / face.path).read_text()).mutant_names == [], face
+    assert len({f.path for f in faces}) == len(faces)
+
+
+def test_a_module_left_out_of_the_audit_is_named(audit):
+    """What the check above reads: drop one entry, or one face, and its file is reported."""
+    _base, modules, _quick, faces = audit.settings()
+    without = {name: m for name, m in modules.items() if name != "httpbody"}
+    assert audit.unaudited(without, faces) == ["hugginggpt/httpbody.py"]
+    assert audit.unaudited(modules, faces[1:]) == [faces[0].path]
+    glob = {name: m for name, m in modules.items() if name != "gradio_ui"}
+    assert audit.unaudited(glob, faces) == [f for f in audit.package_files() if f.startswith("hugginggpt/gradio_ui/")]

@@ -31,6 +31,7 @@ from hugginggpt.urlpolicy import (
     MAX_REDIRECTS,
     WATCHED_POOL_CLASSES,
     DeadlineBackend,
+    FetchStatus,
     PinnedBackend,
     Target,
     UrlPolicy,
@@ -587,6 +588,7 @@ def test_fetch_an_error_status_is_an_error(web, code):
     with pytest.raises(ResourceError) as caught:
         fetch(url, LOOPBACK, 1000, 5)
     assert str(caught.value) == f"fetching {url!r} failed: HTTP {code}"
+    assert isinstance(caught.value, FetchStatus) and caught.value.status == code  # a provider's expired link: 403
 
 
 def test_fetch_an_error_after_a_redirect_names_the_url_that_failed(web):

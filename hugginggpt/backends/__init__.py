@@ -46,13 +46,15 @@ class Backend(Protocol):
 
 class HostedFailure(BackendError):
     """A hosted model failed on every provider tried. `tried`: one {"model", "hosted_on", "provider", "error"} per
-    provider; `final`: the account itself was refused (a bad token, no credits left), so no other hosted model
-    would fare better."""
+    provider; `final`: no other hosted model would fare better; `account`: because the account itself was refused
+    (a bad token, no credits left: the rest of the request sends nothing there), which is what `final` means
+    unless said otherwise (the request's deadline passing is final, but no refusal)."""
 
-    def __init__(self, message: str, tried: list[dict[str, str]], final: bool = False):
+    def __init__(self, message: str, tried: list[dict[str, str]], final: bool = False, account: bool | None = None):
         super().__init__(message)
         self.tried = tried
         self.final = final
+        self.account = final if account is None else account
 
 
 CUT_OFF = "cut off: the request's deadline passed while it ran"

@@ -24,8 +24,13 @@ INVALID_TOKEN = "Invalid credentials in Authorization header"
 class Failure:
     outcome: str  # the metrics' outcome (metrics.PROVIDER_OUTCOMES)
     line: str  # one line for the user
-    final: bool = False  # the account was refused: no other provider or hosted model is tried
+    final: bool = False  # no other provider or hosted model is tried (the account was refused, or time is up)
     answered: bool = False  # the Hub answered (a refused token, no such model): not a failure to ask
+
+    @property
+    def account(self) -> bool:
+        """The account itself was refused (a bad token, no credits): the rest of the request sends nothing there."""
+        return self.outcome in ("unauthorized", "out_of_credits")
 
 
 def status_of(exc: BaseException | None) -> int | None:
@@ -62,6 +67,21 @@ def _file_error(exc: BaseException | None) -> ProviderFileError | None:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def from_http(exc: BaseException | None) -> bool:
+    """The error came from an HTTP exchange (a status, or the connection failing or timing out), not from the
+    client's own checks of what it was answered (a ValueError about a task the model does not do)."""
+    import httpx2
+
+    for _ in range(10):  # pragma: no mutate: a bound on the chain's length (a cause may loop); any will do
+        if exc is None:
+            return False
+        if isinstance(exc, httpx2.HTTPError) or isinstance(getattr(getattr(exc, "response", None), "status_code", None),
+                                                            int):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def token_refused(exc: BaseException) -> bool:
@@ -104,7 +124,7 @@ def provider_failure(exc: BaseException, who: str, model_id: str, timeout: float
     """A failure of the provider's call (`who`: its name in the line), or of fetching its output file. `left`:
     seconds until the request's deadline (inf: none)."""
     file = _file_error(exc)
-    if file is not None and not timed_out(exc):
+    if file is not None:  # its own cause may be a socket's timeout: the file's failure, said as such
         if file.status in (401, 403, 404, 410):
             return Failure("error", f"the provider's file link expired or was refused (HTTP {file.status} from "
                                     f"{who}'s file host): the output of {model_id} could not be fetched; try again")

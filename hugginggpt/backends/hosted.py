@@ -34,7 +34,7 @@ from ..errors import BackendError
 from ..resources import decode_image, save_bytes, save_image
 from ..urlpolicy import UrlPolicy, current_deadline, deadline_scope, watched_adapter
 from . import HostedFailure, ModelStatus, TaskInputs, note_attempts
-from .failures import HUB_NAME, Failure, hub_failure, one_line, provider_failure
+from .failures import HUB_NAME, Failure, from_http, hub_failure, one_line, provider_failure
 from .hubclient import HUB, HostedCall, hosted_call, install_hub_client
 from .normalize import draw_boxes, overlay_masks
 
@@ -217,7 +217,7 @@ class HostedInference:
         """The Hub's failure, logged (a refused token once per token, not per task) and counted as the Hub's.
         slow_after: the bound the lookup ran under."""
         failure = hub_failure(exc, model_id, slow_after, one_line(exc, self.token))
-        if self.observe_hub is not None:
+        if self.observe_hub is not None and (failure.account or not failure.answered):  # "no such model" is no failure
             self.observe_hub(failure.outcome)
         if failure.outcome == "unauthorized":
             digest = hashlib.sha256((self.token or "").encode()).hexdigest()
@@ -266,7 +266,7 @@ class HostedInference:
             except HostedFailure as exc:
                 tried += exc.tried
                 if exc.final:
-                    raise HostedFailure(str(exc), tried, final=True) from None
+                    raise HostedFailure(str(exc), tried, final=True, account=exc.account) from None
                 continue
             if tried:
                 result["fallback"] = {"tried": tried}
@@ -319,7 +319,7 @@ class HostedInference:
                     # only the request's deadline ends every hosted try: a provider silent for task_timeout
                     # is one provider's failure, and the next one is asked
                     left = request_deadline - time.monotonic() if request_deadline is not None else math.inf
-                    if call.last == HUB:  # InferenceClient's own lookup of the mapping: the Hub failed
+                    if call.last == HUB and from_http(exc):  # InferenceClient's own lookup: the Hub failed
                         provider_was_asked = False
                         failure = self._hub_failed(exc, model_id, self.timeout)
                         if left <= 0.05:
@@ -332,7 +332,7 @@ class HostedInference:
                         outcome = failure.outcome
                         entry = {"model": model_id, "hosted_on": self.name, "provider": label, "error": failure.line}
                     raise HostedFailure(f"hosted inference of {model_id} failed: {failure.line}", [entry],
-                                        final=failure.final) from None
+                                        final=failure.final, account=failure.account) from None
         finally:
             if self.observe_provider is not None and provider_was_asked:
                 self.observe_provider(label, outcome, time.perf_counter() - started)

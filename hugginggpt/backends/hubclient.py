@@ -49,25 +49,43 @@ class ProviderFileError(Exception):
 @dataclass
 class HostedCall:
     """One hosted call's view of the network: where its router and Hub are (after the moves), the token its Hub
-    lookups carry, and how a provider's file is fetched. One per call: `last` is this call's own."""
+    lookups carry, and how a provider's file is fetched. One per call: `last` and `routed` are this call's own."""
 
     moves: tuple[tuple[str, str], ...]  # (library's origin, configured one): the router, the Hub
     router: str  # the configured router (or own endpoint): its requests are the provider's
-    hub: str  # the configured Hub: `<hub>/api/...` is the Hub's API
+    hub: str  # the configured Hub: a GET of `<hub>/api/...` before the router is asked is the Hub's API
     token: str | None
     policy: UrlPolicy
     max_bytes: int
     timeout: float
     proxy: str | None = None
     last: str = ""  # HUB | ROUTER | FILE: where this call's latest request went
+    routed: bool = False  # the router has been asked: from then on only the router is trusted
 
-    def kind(self, url: str) -> str:
-        """HUB, ROUTER or FILE for a URL this call sends to (after the moves)."""
-        if _under(url, self.hub + "/api"):
+    def kind(self, method: str, url: str) -> str:
+        """HUB, ROUTER or FILE for a request of this call (after the moves). The Hub's API is what InferenceClient
+        reads before it calls the router (a provider's model lookup); a URL a provider hands back afterwards is a
+        file, wherever it points, the Hub included (it gets no token and goes through the URL policy)."""
+        where = canonical(url)
+        if method == "GET" and not self.routed and _under(where, canonical(self.hub) + "/api"):
             return HUB
-        if _under(url, self.router) or _under(url, self.hub):
+        if _under(where, canonical(self.router)):
             return ROUTER
         return FILE
+
+
+def canonical(url: str) -> str:
+    """`scheme://host[:port]/path` as httpx2 sends it (lower-case scheme and host, IDN as punycode, no default port,
+    no trailing slash, no query): a configured `https://Router.example:443/` and the URL a request goes to compare
+    equal."""
+    try:
+        parsed = httpx2.URL(url)
+        host = parsed.raw_host.decode("ascii")
+    except Exception:  # noqa: BLE001 - not a URL httpx2 reads: compared as written
+        return url.rstrip("/")
+    host = f"[{host}]" if ":" in host else host
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    return f"{parsed.scheme}://{host}{port}{parsed.path.rstrip('/')}"
 
 
 _CALL: contextvars.ContextVar[HostedCall | None] = contextvars.ContextVar("hosted_call", default=None)
@@ -99,7 +117,8 @@ def on_request(request: Any) -> None:
             request.url = httpx2.URL(new + url[len(old):])
             request.headers["Host"] = request.url.netloc.decode("ascii")
             break
-    call.last = call.kind(str(request.url))
+    call.last = call.kind(request.method, str(request.url))
+    call.routed = call.routed or call.last == ROUTER
     if call.last == HUB:
         if call.token:
             request.headers["Authorization"] = f"Bearer {call.token}"
@@ -116,7 +135,7 @@ class ProviderFiles(httpx2.BaseTransport):
 
     def handle_request(self, request: Any) -> Any:
         call = _CALL.get()
-        if call is None or call.kind(str(request.url)) != FILE:
+        if call is None or call.last != FILE:  # the request hook, just before, said where this request goes
             return self.inner.handle_request(request)
         url = str(request.url)
         if request.method != "GET":

@@ -31,7 +31,7 @@ What real accounts and networks do, as the real services do it:
   anonymous callers first).
 - `links[provider] = url`: the file URL that provider's answer points at instead of its own (a loopback or
   private address, an expired signed link, a redirect, a huge file). `cdn` (`cdn_app`) is a file host like
-  fal's or replicate's: `/files/<name>`, `/expired/<name>` (403, the XML body of an expired signed URL),
+  fal's or replicate's: `/files/<name>`, `/expired/<name>` (403, the XML body of an expired signed URL), `/gone/<name>` (410),
   `/big` (64 MB, its length said), `/redirect?to=<url>` (302).
 - `replicate_outputs[model] = output`: replicate's prediction `output` for that model instead of the usual one
   (a `{"txt_file": url}` transcription, or None: `Prefer: wait` ran out before the prediction finished).
@@ -224,6 +224,10 @@ class FakeRouter:
         def expired(name: str) -> Response:
             return Response("<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code><Message>Request "
                             "has expired</Message></Error>", status=403, mimetype="application/xml")
+
+        @app.get("/gone/<name>")
+        def gone(name: str) -> Response:  # a file the host has deleted for good
+            return jsonify({"error": "gone"}), 410
 
         @app.get("/big")
         def big() -> Response:
