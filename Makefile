@@ -43,7 +43,7 @@ test: setup-ray
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs -n 2 --durations=15  # two processes (pytest-xdist): most tests wait on servers
 	$(PY) tools/mutation_audit.py --quick --check  # mutmut on the quick modules (pyproject.toml): a few minutes
-	$(PY) tools/mutate.py --quick  # the few hand-written mutations mutmut cannot express (multi-line, cross-module)
+	$(PY) tools/mutate.py --quick  # the few hand-written mutations mutmut cannot express (multi-line, cross-module, files it does not audit)
 
 MODULE ?= all
 mutate: setup

@@ -51,6 +51,14 @@ def test_a_process_a_test_run_started_exits_when_the_run_is_killed():
         run.kill()
 
 
+def test_a_child_of_the_run_starts_without_a_word_on_stderr():
+    """The child site loads quietly (a process whose stderr a test reads sees only its own output)."""
+    run = subprocess.run([sys.executable, "-c", "import sys, threading; print(sorted(t.name for t in "
+                          "threading.enumerate()))"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and run.stderr == ""
+    assert "test-runner-watch" in run.stdout  # and it watches this run
+
+
 def test_this_runs_children_know_who_to_watch():
     assert os.environ.get("HUGGINGGPT_TEST_RUNNER") == str(os.getpid())
     assert str(ROOT / "tests" / "mutmut_child") in os.environ.get("PYTHONPATH", "").split(os.pathsep)

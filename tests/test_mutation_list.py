@@ -1,5 +1,6 @@
 """tools/mutate.py's hand-written mutations still apply: an entry whose line was rewritten would be reported
-"stale" only when someone runs it; here it fails at once."""
+"stale" only when someone runs it; here it fails at once. Each names the test functions that kill it, and
+those exist."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def test_every_hand_mutation_finds_its_line_once_and_names_existing_tests():
     missing = [(m.name, t) for m in mutate.MUTATIONS for t in m.tests
                if not (ROOT / t.split("::")[0]).is_file()]
     assert missing == []
+    whole_files = [(m.name, t) for m in mutate.MUTATIONS for t in m.tests if "::" not in t]
+    assert whole_files == []  # a test id, not a file: the entry says which test kills it
+    unknown = [(m.name, t) for m in mutate.MUTATIONS for t in m.tests
+               if f"def {t.split('::')[-1]}(" not in (ROOT / t.split("::")[0]).read_text()]
+    assert unknown == []
     names = {m.name for m in mutate.MUTATIONS}
     assert len(names) == len(mutate.MUTATIONS)  # no two entries share a name
     assert set(mutate.QUICK) <= names

@@ -65,8 +65,9 @@ if os.environ.get("HUGGINGGPT_TEST_RUNNER", "").isdigit():
 if os.environ.get("MUTANT_UNDER_TEST") == "stats" and os.environ.get("HUGGINGGPT_MUTMUT_HITS"):
     _forward_hits(os.environ["HUGGINGGPT_MUTMUT_HITS"])
 
+_this = sys.modules.pop("sitecustomize", None)
 try:  # a sitecustomize further down the path (a distribution's own) still runs
-    sys.modules.pop("sitecustomize", None)
     import sitecustomize  # noqa: F401
-except ImportError:
-    pass
+except ImportError:  # none: the import that is loading this file expects to find it under its name
+    if _this is not None:
+        sys.modules["sitecustomize"] = _this
