@@ -18,6 +18,7 @@ HUB_NAME = "the Hugging Face Hub"
 # the Hub's own wording for a token it does not know (huggingface_hub reads it from X-Error-Message): a 401
 # without it, on a repository's API, is the Hub's way of saying "no such repository, or private"
 INVALID_TOKEN = "Invalid credentials in Authorization header"
+ERROR_MESSAGE = "X-Error-Message"  # the header it comes in
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,7 @@ def token_refused(exc: BaseException) -> bool:
 
     if status_of(exc) != 401 or isinstance(exc, RepositoryNotFoundError):
         return False
-    response = getattr(exc, "response", None)
-    said = getattr(response, "headers", {}).get("X-Error-Message") if response is not None else None
+    said = getattr(getattr(exc, "response", None), "headers", {}).get(ERROR_MESSAGE)
     return said in (None, INVALID_TOKEN)
 
 

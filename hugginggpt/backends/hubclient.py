@@ -83,6 +83,8 @@ def canonical(url: str) -> str:
         host = parsed.raw_host.decode("ascii")
     except Exception:  # noqa: BLE001 - not a URL httpx2 reads: compared as written
         return url.rstrip("/")
+    if not parsed.scheme or not host:
+        return url.rstrip("/")
     host = f"[{host}]" if ":" in host else host
     port = f":{parsed.port}" if parsed.port is not None else ""
     return f"{parsed.scheme}://{host}{port}{parsed.path.rstrip('/')}"
