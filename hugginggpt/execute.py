@@ -93,8 +93,9 @@ class Executor:
         tried: list[dict[str, str]] = []
         skipped: dict[str, int] = {}  # backend -> candidates not tried because its account was refused
         for model_id, backend_name in sel.fallbacks():
-            # the client left (while the inputs were read, or as a candidate failed): no model runs for nobody
-            if state.cancelled.is_set():
+            # the client left (while the inputs were read, or as a candidate failed): no model runs for nobody;
+            # past the request's deadline, no candidate could answer in time (nor should count a failure)
+            if state.cancelled.is_set() or time.monotonic() >= state.deadline:
                 break
             backend = self.backends.get(backend_name)
             if backend is None:
@@ -148,6 +149,8 @@ class Executor:
                 state.attempts[task.id] = list(tried)  # what a deadline that cuts this task off still shows
             log.warning("[%s] task %s: %s on %s failed: %s", state.request.request_id, task.id, model_id,
                         backend_name, _message(result["error"]))
+            if final and not account:  # the request's deadline ended it: no later candidate has time either
+                break
         message = "; ".join(f"{t['model']} ({t['hosted_on']}{', ' + t['provider'] if t.get('provider') else ''}): "
                             f"{t['error']}" for t in tried)
         if skipped:

@@ -1017,9 +1017,9 @@ def test_a_refusal_holds_for_the_rest_of_the_request_and_the_local_server_still_
         "request (no credits)")
 
 
-def test_a_deadline_that_ends_a_hosted_model_is_no_refusal_of_the_account(config):
-    """Timed out at the deadline: final for that model, but the account was not refused (nothing is remembered as
-    refused, the next candidate is still asked)."""
+def test_a_deadline_that_ends_a_hosted_model_ends_the_task_but_refuses_no_account(config):
+    """Timed out at the deadline: the task ends there (no later candidate has time, nor is charged a failure), but the
+    account was not refused: nothing is remembered as refused for the request."""
     late = HostedFailure("late", [{"model": "org/h1", "hosted_on": "huggingface", "provider": "fal-ai",
                                    "error": "fal-ai timed out (the deadline passed)"}], final=True, account=False)
     hub = Scripted("huggingface", answers={"org/h1": late})
@@ -1028,5 +1028,16 @@ def test_a_deadline_that_ends_a_hosted_model_is_no_refusal_of_the_account(config
     t = task(0, "text-to-image", text="a fox")
     choose(state, t, "org/h1", "huggingface", huggingface=["org/h1", "org/h2"])
     record = executor.run_task(state, t)
-    assert state.refused == {} and hub.models_called() == ["org/h1", "org/h2"]
-    assert record["choose model result"]["id"] == "org/h2"
+    assert state.refused == {} and hub.models_called() == ["org/h1"]
+    assert record["inference result"]["error"]["message"] == (
+        "every candidate failed: org/h1 (huggingface, fal-ai): fal-ai timed out (the deadline passed)")
+
+
+def test_no_candidate_is_asked_once_the_requests_deadline_has_passed(config):
+    hub = Scripted("huggingface", answers={"org/h1": BackendError("slow"), "org/h2": BackendError("slow")}, delay=0.3)
+    executor = Executor(config, {"huggingface": hub}, LOOPBACK)
+    state = new_state(config, timeout=0.2)
+    t = task(0, "text-to-image", text="a fox")
+    choose(state, t, "org/h1", "huggingface", huggingface=["org/h1", "org/h2"])
+    executor.run_task(state, t)
+    assert hub.models_called() == ["org/h1"]  # org/h2 would only fail at once, and be counted as failing

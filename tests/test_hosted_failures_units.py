@@ -280,3 +280,13 @@ def test_the_edges():
     said = SimpleNamespace(server_message="from the server\nmore", __str__=None)
     assert one_line(said, None) == "from the server"
     assert one_line(ValueError(" \n "), None) == "ValueError"
+
+
+def test_a_library_origin_is_moved_however_it_is_spelled():
+    moved = call(moves=(("https://HuggingFace.co:443/", "http://127.0.0.1:8/hub/"),))
+    with hosted_call(moved) as c:
+        lookup = sent(httpx2.Request("GET", f"https://huggingface.co/api/models/{MODEL}?expand=inferenceProviderMapping"))
+        assert str(lookup.url) == f"http://127.0.0.1:8/hub/api/models/{MODEL}?expand=inferenceProviderMapping"
+        assert lookup.headers["Host"] == "127.0.0.1:8" and c.last == HUB
+        other = sent(httpx2.Request("GET", "https://huggingface.com/api/models/x"))
+        assert str(other.url) == "https://huggingface.com/api/models/x" and c.last == FILE

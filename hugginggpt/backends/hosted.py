@@ -305,10 +305,10 @@ class HostedInference:
 
         client = InferenceClient(provider=provider, token=self.token, timeout=self.timeout)
         started = time.perf_counter()
-        outcome, provider_was_asked = "error", True
+        outcome, call = "error", self._call()
         try:
             request_deadline = current_deadline()  # the request's, before this call's own task_timeout scope
-            with deadline_scope(time.monotonic() + self.timeout), hosted_call(self._call()) as call:
+            with deadline_scope(time.monotonic() + self.timeout), hosted_call(call):
                 try:
                     result = handler(self, client, model, inputs)
                     outcome = "ok"
@@ -320,7 +320,6 @@ class HostedInference:
                     # is one provider's failure, and the next one is asked
                     left = request_deadline - time.monotonic() if request_deadline is not None else math.inf
                     if call.last == HUB and from_http(exc):  # InferenceClient's own lookup: the Hub failed
-                        provider_was_asked = False
                         failure = self._hub_failed(exc, model_id, self.timeout)
                         if left <= 0.05:
                             failure = Failure("timeout", f"{HUB_NAME} did not answer before the deadline passed", True)
@@ -334,7 +333,7 @@ class HostedInference:
                     raise HostedFailure(f"hosted inference of {model_id} failed: {failure.line}", [entry],
                                         final=failure.final, account=failure.account) from None
         finally:
-            if self.observe_provider is not None and provider_was_asked:
+            if self.observe_provider is not None and call.routed:  # a call that never reached the provider is not its
                 self.observe_provider(label, outcome, time.perf_counter() - started)
 
     def save_image(self, image: Any) -> str:

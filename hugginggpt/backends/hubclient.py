@@ -113,10 +113,12 @@ def on_request(request: Any) -> None:
     call = _CALL.get()
     if call is None:
         return
-    url = str(request.url)
-    for old, new in call.moves:
-        if _under(url, old):
-            request.url = httpx2.URL(new + url[len(old):])
+    where = canonical(str(request.url))
+    for old, new in call.moves:  # compared as sent: HF_ENDPOINT=https://HuggingFace.co:443 is huggingface.co
+        base = canonical(old)
+        if _under(where, base):
+            query = request.url.query.decode("ascii")
+            request.url = httpx2.URL(new.rstrip("/") + where[len(base):] + (f"?{query}" if query else ""))
             request.headers["Host"] = request.url.netloc.decode("ascii")
             break
     call.last = call.kind(request.method, str(request.url))
