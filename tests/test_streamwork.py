@@ -84,3 +84,19 @@ def test_busy_is_a_429_naming_the_setting():
             pass
     assert caught.value.status == 429 and "max_concurrent_requests" in str(caught.value)
     assert free(slots)
+
+
+def test_a_party_added_after_the_slot_went_back_is_refused_by_name():
+    """The slot is given back once, when the last party is done; adding a party after that is a bug in the caller,
+    said as such (the slot is not taken twice, nor given back twice)."""
+    slots = local_slots(1)
+    assert slots.acquire(blocking=False)
+    release = ReleaseWhenAll(slots, "work")
+    release.add("response")
+    release.done("work")
+    assert not slots.acquire(blocking=False)  # "response" still holds it
+    release.done("response")
+    release.done("response")  # again: nothing more is given back
+    with pytest.raises(RuntimeError, match="^the slot was given back already$"):
+        release.add("late")
+    assert slots.acquire(blocking=False) and not slots.acquire(blocking=False)
