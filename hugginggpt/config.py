@@ -52,7 +52,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
         "http_idle_timeout", "http_connections_per_client", "models_server_hosts", "allowed_hosts",
-        "batch_wait_ms", "max_batch_size")},
+        "batch_wait_ms", "max_batch_size", "progress_interval_ms")},
 }
 
 
@@ -177,6 +177,9 @@ class Config:
     # models server: concurrent requests of one model gathered into one batch (modelhost/batching.py)
     batch_wait_ms: float = 5.0  # the most an idle model waits for company (only after a batch had company)
     max_batch_size: int = 32  # 1: no batching
+    # a running task's progress (task_progress events): at most one per this many ms per task, besides each change
+    # of phase and the last step; 0: every event the models server sends
+    progress_interval_ms: float = 250.0
     semantic_ranking: bool = True
     embedding_precision: str = "int8"  # the sentence model's graph: int8 (about 0.6x the CPU) or fp32
     preferred_language: str | None = None  # e.g. "de": models for this language rank higher
@@ -303,11 +306,15 @@ def _seconds(data: dict, key: str, default: float, path: Path) -> float:
     return float(value)
 
 
-def _batch_wait(data: dict, path: Path) -> float:
-    value = _get(data, "batch_wait_ms", 5.0)
+def _milliseconds(data: dict, key: str, default: float, path: Path) -> float:
+    value = _get(data, key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
-        raise ConfigError(f"{path}: `batch_wait_ms` must be a number of milliseconds from 0 to 1000 (default 5)")
+        raise ConfigError(f"{path}: `{key}` must be a number of milliseconds from 0 to 1000 (default {default:g})")
     return float(value)
+
+
+def _batch_wait(data: dict, path: Path) -> float:
+    return _milliseconds(data, "batch_wait_ms", 5.0, path)
 
 
 def _choice(data: dict, key: str, options: tuple[str, ...], default: str, path: Path) -> str:
@@ -539,6 +546,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
         batch_wait_ms=_batch_wait(data, path),
         max_batch_size=_positive(data, "max_batch_size", 32, path),
+        progress_interval_ms=_milliseconds(data, "progress_interval_ms", 250.0, path),
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
         embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),
         preferred_language=_get(data, "model_constraints.language"),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
+from . import taskprogress
 from .backends import Backend, HostedFailure, TaskInputs, listening_to_attempts, note_attempts, stop_listening
 from .catalog.health import Health
 from .choose import ready_to_start, selection_at_start
@@ -111,8 +112,9 @@ class Executor:
             listening = listening_to_attempts(_keeper(state, task.id, list(tried)))
             try:
                 note_attempts([], {"model": model_id, "hosted_on": backend_name})
-                with deadline_scope(state.deadline):  # the request's deadline bounds every read of the call
-                    result = backend.infer(model_id, inputs)
+                with deadline_scope(state.deadline), \
+                        taskprogress.listening(self._progress_relay(state, task, model_id, backend_name)):
+                    result = backend.infer(model_id, inputs)  # the request's deadline bounds every read of the call
             except BackendError as exc:
                 result = {"error": {"message": str(exc)}}
                 if isinstance(exc, HostedFailure):  # which providers were tried, and why each failed
@@ -165,6 +167,15 @@ class Executor:
             message = "cancelled (the client went away)" if state.cancelled.is_set() else "no backend"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
                                                              "tried": tried}})
+
+    def _progress_relay(self, state: RequestState, task: Task, model_id: str,
+                        backend_name: str) -> taskprogress.Relay | None:
+        """Where the model call's progress goes: `task_progress` events, when anyone listens to this request."""
+        if state.on_event is None:
+            return None
+        where = {"id": task.id, "task": task.task, "model": model_id, "hosted_on": backend_name}
+        return taskprogress.Relay(lambda event: state.emit("task_progress", {**where, **event}),
+                                  self.config.progress_interval_ms / 1000)
 
     def _record(self, state: RequestState, model_id: str, result: dict[str, Any], seconds: float,
                 health: bool = True) -> None:

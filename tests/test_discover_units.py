@@ -651,7 +651,7 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     with caplog.at_level(logging.INFO, logger=discover.__name__), pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
     assert (err.value.status, err.value.kind) == (502, "download_failed")
-    assert str(err.value) == "downloading o/m from the Hub failed (OSError: disk full)"
+    assert str(err.value) == "downloading o/m from the Hub failed before any weights arrived (OSError: disk full)"
     assert err.value.__cause__ is None and err.value.__suppress_context__
     warning = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warning) == 1 and warning[0].getMessage() == ("o/m: download failed: OSError: " + (
@@ -664,7 +664,7 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     d._download = silent  # noqa: SLF001
     with pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
-    assert str(err.value) == "downloading o/m from the Hub failed (RuntimeError: )"
+    assert str(err.value) == "downloading o/m from the Hub failed before any weights arrived (RuntimeError: )"
     long = "y" * 250
 
     def wordy(**kwargs):
@@ -673,7 +673,8 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     d._download = wordy  # noqa: SLF001
     with pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
-    assert str(err.value) == f"downloading o/m from the Hub failed (RuntimeError: {'y' * 200})"
+    assert str(err.value) == (f"downloading o/m from the Hub failed before any weights arrived (RuntimeError: "
+                              f"{'y' * 200})")
 
 
 def test_a_download_whose_files_vanish_is_an_internal_error(tmp_path, monkeypatch):
@@ -900,3 +901,37 @@ def test_progress_is_logged_every_five_seconds_and_the_download_time_said(tmp_pa
     with caplog.at_level(logging.INFO, logger=discover.__name__):
         Discovery(DiscoveryPolicy("local"), tmp_path, downloader=downloads).ensure("o/m")
     assert caplog.records[-1].getMessage() == "o/m: downloaded in 2.5s"
+
+
+def test_a_download_cut_midway_says_how_far_its_weights_got_and_a_watcher_saw_the_bytes_rise(tmp_path, monkeypatch):
+    """The bars huggingface_hub's snapshot_download makes: "Downloading bytes" (received), "Reconstructing" (written)."""
+    from hugginggpt.modelhost import progress
+
+    hub_with(monkeypatch, siblings={"config.json": 10, "model.safetensors": 5 * 2**20})
+    downloads = FakeDownloads({"config.json": b"{}"})
+
+    def cut(**kwargs):
+        downloads(**kwargs)
+        if kwargs["allow_patterns"] != ["model.safetensors"]:
+            small = kwargs["tqdm_class"](desc="Downloading bytes", total=2, unit="B")
+            small.update(2)  # the configs: not the weights' progress
+            small.close()
+            return
+        bar = kwargs["tqdm_class"](desc="Downloading bytes", total=4_000_000, unit="B")
+        written = kwargs["tqdm_class"](desc="Reconstructing (incomplete total...)", total=4_000_000, unit="B")
+        for _ in range(3):
+            bar.update(1_000_000)
+            written.update(1_000_000)  # the same bytes on disk: counted once
+        raise OSError("Connection reset by peer")
+
+    events: list[dict] = []
+    watch = progress.Watch(events.append, byte_gap=0)
+    d = Discovery(DiscoveryPolicy("local"), tmp_path, downloader=cut)
+    with progress.watching(watch), pytest.raises(DiscoveryRefused) as err:
+        d.ensure("o/m")
+    assert str(err.value) == ("downloading o/m from the Hub failed after 3.0 of 4.0 MB of weights (OSError: "
+                              "Connection reset by peer)")
+    assert events[0] == {"phase": "downloading"}
+    assert [(e["bytes"], e["total_bytes"]) for e in events[1:]] == [
+        (1_000_000, 4_000_000), (2_000_000, 4_000_000), (3_000_000, 4_000_000)]
+    assert [e["fraction"] for e in events[1:]] == [0.25, 0.5, 0.75]

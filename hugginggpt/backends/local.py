@@ -21,7 +21,9 @@ import urllib3
 from ..errors import BackendError, ResourceError
 from ..resources import KIND_DIRS, OUTPUT_PATH, extension_for, save_bytes, sniff_mime
 from ..urlpolicy import WATCHED_POOL_CLASSES, UrlPolicy, deadline_scope, fetch
+from .. import taskprogress
 from . import TaskInputs
+from .events import WATCH, read_events
 from .normalize import FILE_KEYS, normalize
 
 _KIND_OF_DIR = {folder: kind for kind, folder in KIND_DIRS.items()}
@@ -99,15 +101,18 @@ class LocalModelsServer:
                 timed_out = f"the request's deadline passed while the local models server ran {model_id}"
             else:
                 timed_out = f"the local models server timed out after {self.task_timeout:.0f}s on {model_id}"
+            listen = taskprogress.listener()  # someone watches this task: ask for the call's progress events
             try:
                 resp = self._http.request(
                     "POST",  # pragma: no mutate: urllib3 upper-cases the method
                     url, body=body,
-                    headers={**self._headers,
+                    headers={**self._headers, **(WATCH if listen is not None else {}),
                              "Content-Type": "application/json"},  # pragma: no mutate: header names are case-insensitive
                     timeout=urllib3.Timeout(connect=self.task_timeout,
                                             read=self.task_timeout,  # pragma: no mutate: the deadline comes first
-                                            ))
+                                            ),
+                    preload_content=listen is None)
+                status, data = (resp.status, resp.data) if listen is None else read_events(resp, listen)
             except urllib3.exceptions.NewConnectionError:  # a subclass of TimeoutError, but nothing timed out
                 raise BackendError("the local models server is unreachable (ConnectionError)") from None
             except urllib3.exceptions.TimeoutError:
@@ -118,18 +123,18 @@ class LocalModelsServer:
                 raise BackendError(f"the local models server is unreachable ({_cause(exc)})") from None
             if watch is not None and watch.fired:  # a body sent without a length, cut at the deadline, ends "whole"
                 raise BackendError(timed_out)
-        if 300 <= resp.status < 400:  # not followed: the configured address is the one that is trusted
+        if 300 <= status < 400:  # not followed: the configured address is the one that is trusted
             location = resp.headers.get(
                 "Location",  # pragma: no mutate: header names are case-insensitive
                 "?")
-            raise BackendError(f"the local models server answered HTTP {resp.status} (a redirect to "
+            raise BackendError(f"the local models server answered HTTP {status} (a redirect to "
                                f"{location[:200]!r}): set local_inference_endpoint to the address that answers")
         try:
-            raw = json.loads(resp.data)
+            raw = json.loads(data)
         except ValueError:
-            raise BackendError(f"local models server answered HTTP {resp.status} without JSON for {model_id}") from None
-        if resp.status >= 400 and not (isinstance(raw, dict) and "error" in raw):
-            raw = {"error": {"message": f"HTTP {resp.status}"}}
+            raise BackendError(f"local models server answered HTTP {status} without JSON for {model_id}") from None
+        if status >= 400 and not (isinstance(raw, dict) and "error" in raw):
+            raw = {"error": {"message": f"HTTP {status}"}}
         result = normalize(inputs.task, raw, inputs, self.public_dir)
         for key in FILE_KEYS:
             if isinstance(result.get(key), str) and result[key]:

@@ -15,6 +15,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..access import allowed_host_names, bearer_ok, host_allowed, host_name, origin_is_local_or_same, send_public_file
+from ..cancel import Cancelled
 from ..errors import BadRequest, ResourceError
 from ..httpbody import BODY_GATE, BodyGate, Refusal
 from ..resources import DEFAULT_MAX_PIXELS
@@ -26,18 +27,19 @@ from .handlers import MAX_DEPTH, Inputs, check_body
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ModelsMetrics
 from .pool import InferenceFailed, ModelUnavailable, NoRoom
+from .progress_stream import Answer, failure, stream_call, wants_events
 from .registry import ModelSpec, Registry
 
 # header names, each written once (HTTP compares them without regard to case)
 HOST, ORIGIN, AUTHORIZATION = "Host", "Origin", "Authorization"
 CONTENT_TYPE, NOSNIFF = "Content-Type", "X-Content-Type-Options"
-RETRY_AFTER, BATCH_SIZE = "Retry-After", "X-Batch-Size"
+RETRY_AFTER, BATCH_SIZE, ACCEPT = "Retry-After", "X-Batch-Size", "Accept"
 
 log = logging.getLogger(__name__)
 
 
 def _error(message: str, status: int, kind: str | None = None) -> Response:
-    resp = jsonify({"error": {"message": message, **({"type": kind} if kind else {})}})
+    resp = jsonify(failure(message, status, kind)[1])
     resp.status_code = status
     return resp
 
@@ -166,14 +168,27 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             check_body(body)
         except BadRequest as exc:
             return _error(str(exc), 400)
+        if wants_events(request.headers.get(ACCEPT)):
+            return stream_call(
+                lambda: call(model_id, spec, body), request.environ.get("waitress.client_disconnected"),
+                name=f"call-{model_id[:40]}")
+        status, payload, headers = call(model_id, spec, body)
+        resp = jsonify(payload)
+        resp.status_code = status
+        resp.headers.update(headers)
+        return resp
+
+    def call(model_id: str, spec: ModelSpec | None, body: dict) -> Answer:
+        """Download (a discovered model's first use), load and run: (status, JSON, headers), as one answer or as
+        the last event of a stream."""
         if spec is None:  # a Hub model outside the catalog: judged, then downloaded on first use
             try:
                 spec = discovery.ensure(model_id)
             except DiscoveryRefused as exc:
-                return _error(str(exc), exc.status, exc.kind)
+                return failure(str(exc), exc.status, exc.kind)
         problem = registry.problem(spec)
         if problem:
-            return _error(problem, 404)
+            return failure(problem, 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
         started, ok = time.perf_counter(), False
         batch_size_var.set(None)  # the engine says how many requests shared this one's batch
@@ -181,24 +196,24 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             result = pool.infer(spec, inputs)
             ok = True
         except (BadRequest, ResourceError) as exc:
-            return _error(str(exc), 400)
+            return failure(str(exc), 400)
         except ModelUnavailable as exc:
-            return _error(str(exc), 404)
+            return failure(str(exc), 404)
         except NoRoom as exc:  # memory held by models in use: a later try may fit
-            resp = _error(str(exc), 503, "no_room")
-            resp.headers[RETRY_AFTER] = "5"
-            return resp
+            return failure(str(exc), 503, "no_room", {RETRY_AFTER: "5"})
         except InferenceFailed as exc:
-            return _error(f"{model_id} failed: {exc}", 500)
+            return failure(f"{model_id} failed: {exc}", 500)
+        except Cancelled:  # the watching client left; nobody reads this
+            log.info("%s stopped: its client left", model_id)
+            return failure(f"{model_id} was stopped: its client left", 499, "cancelled")
         except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
             log.exception("inference with %s failed", model_id)
-            return _error(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
+            return failure(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
         finally:
             metrics.call(spec.id, ok, time.perf_counter() - started)
-        resp = jsonify(result)
-        if (size := batch_size_var.get()) is not None:
-            resp.headers[BATCH_SIZE] = str(size)
-        return resp
+        size = batch_size_var.get()
+        return 200, result, ({BATCH_SIZE: str(size)} if size is not None else {})
+
     app.add_url_rule("/models/<path:model_id>", view_func=infer, methods=[
         "POST",  # pragma: no mutate: werkzeug upper-cases method names
     ])

@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import progress
+
 log = logging.getLogger(__name__)
 
 MAX_KEYS = 1024  # keys remembered (for their last batch's size) before idle ones are forgotten
@@ -89,6 +91,7 @@ class Batcher:
             if leader:
                 self._lead(k, batch, run)
             else:
+                progress.phase(progress.QUEUED, "in a batch with other requests for this model")
                 batch.done.wait()
         finally:
             with self._lock:
@@ -101,7 +104,7 @@ class Batcher:
 
     def _lead(self, k: _Key, batch: _Batch, run: Callable[[list[Any]], list[Any]]) -> None:
         try:
-            with k.runner:  # while an earlier batch runs, this one keeps filling
+            with progress.waiting_for(k.runner, "behind a batch of this model"):  # it keeps filling meanwhile
                 with self._lock:
                     if k.last_size > 1:  # company is likely: wait a little for more of it
                         deadline = time.monotonic() + self.wait_s

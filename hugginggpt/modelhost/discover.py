@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import progress
 from .registry import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,21 @@ class HubModel:
     weight_bytes: int | None
 
 
+@dataclass
+class Received:
+    """Bytes of weights a download has received so far, of the total it knows of (which grows as it finds files);
+    the small files (configs, tokenizers) come first and are not counted."""
+
+    bytes: int = 0
+    total: int = 0
+
+    def said(self) -> str:
+        if not self.bytes:
+            return "before any weights arrived"
+        of = f" of {self.total / 1e6:.1f}" if self.total else ""
+        return f"after {self.bytes / 1e6:.1f}{of} MB of weights"
+
+
 class _LoggedProgress:
     """A tqdm class for snapshot_download that logs byte progress every few seconds instead of drawing bars."""
 
@@ -224,7 +240,8 @@ class _LoggedProgress:
     every = 5.0
 
     @classmethod
-    def for_model(cls, model_id: str) -> type:
+    def for_model(cls, model_id: str, seen: Received | None = None) -> type:
+        """seen: where the bytes so far are kept (a failed download says how far it got)."""
         from tqdm import tqdm
 
         class Progress(tqdm):
@@ -234,13 +251,20 @@ class _LoggedProgress:
                 kwargs["disable"] = False
                 super().__init__(*args, **kwargs)
                 self._logged = time.monotonic()
+                # made in the downloading request's thread, updated from huggingface_hub's worker threads
+                self._watch = progress.current() if seen is not None else None  # the weights' bytes only
 
             def update(self, n: float | None = 1) -> bool | None:
                 out = super().update(n)
+                if self.unit != "B" or str(self.desc).startswith("Reconstruct"):  # the bytes received, once
+                    return out
+                if seen is not None:
+                    seen.bytes, seen.total = int(self.n), int(self.total or 0)
+                if self._watch is not None:
+                    self._watch.downloaded(int(self.n), int(self.total) if self.total else None)
                 now = time.monotonic()
-                # bytes received, every few seconds (the start and the end are logged by Discovery itself)
-                if (self.unit == "B" and self.total and now - self._logged >= cls.every
-                        and not str(self.desc).startswith("Reconstruct")):
+                # every few seconds (the start and the end are logged by Discovery itself)
+                if self.total and now - self._logged >= cls.every:
                     self._logged = now
                     log.info("%s: %.1f of %.1f MB downloaded", model_id, self.n / 1e6, self.total / 1e6)
                 return out
@@ -447,7 +471,7 @@ class Discovery:
         if spec is not None:
             return spec
         found = self.hub_model(model_id)  # refusals end here, before a lock exists for the id
-        with self._lock_for(model_id):
+        with progress.waiting_for(self._lock_for(model_id), f"another request is downloading {model_id}"):
             spec = self.on_disk(model_id)
             if spec is None:
                 self._fetch(found)
@@ -457,7 +481,7 @@ class Discovery:
                                    f"{self.folder(model_id)}", 500, "download_failed")
         return spec
 
-    def _snapshot(self, model_id: str, sha: str, files: list[str], folder: Path) -> None:
+    def _snapshot(self, model_id: str, sha: str, files: list[str], folder: Path, seen: Received | None = None) -> None:
         if not files:
             return
         download = self._download
@@ -465,7 +489,7 @@ class Discovery:
             from huggingface_hub import snapshot_download as download
         literal = [re.sub(r"([\[\]*?])", r"[\1]", f) for f in files]  # names, not glob patterns
         download(repo_id=model_id, revision=sha, local_dir=str(folder), allow_patterns=literal,
-                 endpoint=self.endpoint, token=self.token, tqdm_class=_LoggedProgress.for_model(model_id))
+                 endpoint=self.endpoint, token=self.token, tqdm_class=_LoggedProgress.for_model(model_id, seen))
 
     def _fetch(self, found: HubModel) -> None:
         spec = found.spec
@@ -476,6 +500,8 @@ class Discovery:
         log.info("%s: not curated; downloading %d files (%s) at %s from the Hub into %s", spec.id, len(spec.files),
                  size, found.sha[:12], folder)
         started = time.monotonic()
+        seen = Received()
+        progress.phase(progress.DOWNLOADING)
         with self._guard:
             self.active.add(spec.id)
         try:
@@ -488,7 +514,7 @@ class Discovery:
                 refused = DiscoveryRefused(f"{spec.id}: {problem}", 422, "remote_code")
                 self._remember(spec.id, refused, self.info_ttl)
                 raise refused
-            self._snapshot(spec.id, found.sha, weights, folder)
+            self._snapshot(spec.id, found.sha, weights, folder, seen)
             missing = [f for f in spec.files if not (folder / f).is_file()]
             if missing:
                 raise DiscoveryRefused(f"{spec.id}: the download lacks {', '.join(missing[:5])}", 502,
@@ -506,7 +532,7 @@ class Discovery:
             raise
         except Exception as exc:  # noqa: BLE001 - network, disk, Hub errors: the request gets a clear answer
             log.warning("%s: download failed: %s: %s", spec.id, exc.__class__.__name__, str(exc)[:300])
-            raise DiscoveryRefused(f"downloading {spec.id} from the Hub failed ({exc.__class__.__name__}: "
+            raise DiscoveryRefused(f"downloading {spec.id} from the Hub failed {seen.said()} ({exc.__class__.__name__}: "
                                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''})", 502,
                                    "download_failed") from None
         finally:

@@ -18,6 +18,7 @@ from ..errors import BadRequest, ResourceError
 from ..resources import DEFAULT_MAX_PIXELS, decode_image, new_output_path, resolve, save_image
 from ..urlpolicy import UrlPolicy
 from .pool import Loaded
+from .progress import diffusion_steps, token_steps
 
 MAX_NEW_TOKENS = 1024  # a client's `max_new_tokens` for the text generators
 MAX_STEPS = 150  # a client's `steps` for the diffusion pipelines (JARVIS uses 20-25)
@@ -120,7 +121,8 @@ def token_classification(m: Loaded, i: Inputs) -> Any:
 
 
 def text_generation(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), max_new_tokens=i.integer("max_new_tokens", 40, 1, MAX_NEW_TOKENS), do_sample=False)
+    limit = i.integer("max_new_tokens", 40, 1, MAX_NEW_TOKENS)
+    out = m.obj(i.text(), max_new_tokens=limit, do_sample=False, **token_steps(limit))
     return {"generated text": plain(out)[0]["generated_text"]}
 
 
@@ -131,7 +133,8 @@ def seq2seq(m: Loaded, i: Inputs) -> Any:
     batch = tokenizer(i.text(), return_tensors="pt", truncation=True).to(model.device)
     batch.pop("token_type_ids", None)  # BERT-style tokenizers add them; encoder-decoders do not take them
     with torch.inference_mode():
-        out = model.generate(**batch, max_new_tokens=i.integer("max_new_tokens", 128, 1, MAX_NEW_TOKENS))
+        limit = i.integer("max_new_tokens", 128, 1, MAX_NEW_TOKENS)
+        out = model.generate(**batch, max_new_tokens=limit, **token_steps(limit))
     return {"generated text": tokenizer.decode(out[0], skip_special_tokens=True)}
 
 
@@ -240,7 +243,8 @@ def document_qa(m: Loaded, i: Inputs) -> Any:
 
 def image_to_image(m: Loaded, i: Inputs) -> Any:
     prompt = i.body.get("text") or "improve the image"
-    out = m.obj(prompt, image=i.image(), num_inference_steps=i.integer("steps", 20, 1, MAX_STEPS))
+    steps = i.integer("steps", 20, 1, MAX_STEPS)
+    out = m.obj(prompt, image=i.image(), num_inference_steps=steps, **diffusion_steps(m.obj, steps))
     return i.save_image(out.images[0])
 
 
@@ -248,14 +252,16 @@ def image_to_image(m: Loaded, i: Inputs) -> Any:
 
 
 def text_to_image(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), num_inference_steps=i.integer("steps", 25, 1, MAX_STEPS))
+    steps = i.integer("steps", 25, 1, MAX_STEPS)
+    out = m.obj(i.text(), num_inference_steps=steps, **diffusion_steps(m.obj, steps))
     return i.save_image(out.images[0])
 
 
 def text_to_video(m: Loaded, i: Inputs) -> Any:
     from diffusers.utils import export_to_video
 
-    frames = m.obj(i.text(), num_inference_steps=i.integer("steps", 25, 1, MAX_STEPS)).frames[0]
+    steps = i.integer("steps", 25, 1, MAX_STEPS)
+    frames = m.obj(i.text(), num_inference_steps=steps, **diffusion_steps(m.obj, steps)).frames[0]
     path, public = new_output_path(i.public_dir, "video", "mp4")
     export_to_video(frames, str(path))
     return {"path": public}
@@ -311,7 +317,8 @@ def aux_annotator(m: Loaded, i: Inputs) -> Any:
 
 
 def controlnet_generation(m: Loaded, i: Inputs) -> Any:
-    out = m.obj(i.text(), image=i.image(), num_inference_steps=i.integer("steps", 20, 1, MAX_STEPS))
+    steps = i.integer("steps", 20, 1, MAX_STEPS)
+    out = m.obj(i.text(), image=i.image(), num_inference_steps=steps, **diffusion_steps(m.obj, steps))
     return i.save_image(out.images[0])
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from . import progress
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class ModelPool:
     @contextmanager
     def use(self, spec: ModelSpec) -> Iterator[Loaded]:
         lock = self._lock_for(spec.id)
-        with lock:
+        with progress.waiting_for(lock, f"{spec.id} is running another request"):
             with self._guard:
                 entry = self._loaded.get(spec.id)
                 if entry is not None:
@@ -293,7 +294,8 @@ class ModelPool:
         for attempt in (1, 2):
             t0 = time.perf_counter()
             try:
-                with _LOADING:  # transformers resolves its names lazily: two first loads at once can see a
+                with progress.waiting_for(_LOADING, "another model is loading"):  # transformers resolves its names
+                    progress.phase(progress.LOADING)  # lazily: two first loads at once can see a
                     before = self._allocated()  # half-imported module (ImportError); one load at a time also
                     obj = load(spec, self.registry, self.device)  # keeps the memory it takes its own
                     after = self._allocated()

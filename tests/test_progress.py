@@ -1,0 +1,172 @@
+"""Long work you can watch (issue 48): the models server's progress events, and the orchestrator's relay of them.
+
+The real models_server.py runs a tiny Stable Diffusion pipeline and a tiny GPT-2; the real orchestrator runs a
+plan from the scripted LLM against it. A client that asks (`Accept: text/event-stream`) gets `progress` events,
+then the same result the one-shot answer carries; the orchestrator's stream carries them as `task_progress`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+
+from tests.conftest import make_public, start_server, stop_server, wait_until, write_config
+from tests.test_models_server import start_models_server
+from tests.test_stream import events_of
+from tests.tiny_models import causal_lm, tiny_stable_diffusion
+
+SD = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+GPT2 = "openai-community/gpt2"
+WATCH = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("progress-box")
+    models_dir = folder / "models"
+    tiny_stable_diffusion(models_dir / SD)
+    causal_lm(models_dir / GPT2)
+    public = make_public(folder / "public")
+    proc, url = start_models_server(folder, models_dir, public, deployment="full")
+    yield url, public, proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def sse(resp: requests.Response) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a models-server stream, in order."""
+    out, name = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[len("data: "):])))
+    return out
+
+
+def watch(url: str, model: str, body: dict, **kw) -> requests.Response:
+    return requests.post(f"{url}/models/{model}", json=body, headers=WATCH, stream=True, timeout=120, **kw)
+
+
+def test_a_diffusion_call_streams_each_step_in_order_then_the_one_shot_result(box):
+    url, public, _ = box
+    resp = watch(url, SD, {"text": "a red square", "steps": 7})
+    assert resp.status_code == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = sse(resp)
+    names = [name for name, _ in events]
+    assert names[-1] == "result" and names.count("result") == 1 and "error" not in names
+    steps = [e for name, e in events if name == "progress" and "step" in e]
+    assert [e["step"] for e in steps] == list(range(1, 8))
+    assert all(e["steps"] == 7 and e["phase"] == "running" for e in steps)
+    assert [e["fraction"] for e in steps] == [round(k / 7, 4) for k in range(1, 8)]
+    assert "eta" not in steps[0]  # no pace yet after one step
+    assert all(e["eta"] >= 0 for e in steps[1:]) and steps[-1]["eta"] == 0
+    phases = [e["phase"] for name, e in events if name == "progress"]
+    assert phases.index("running") == len(phases) - 8  # "running", then its 7 steps, nothing after
+    result = events[-1][1]
+    assert result["path"].startswith("/images/") and (public / result["path"].lstrip("/")).is_file()
+    # the same call without asking: JARVIS's one-shot JSON answer, the same keys
+    plain = requests.post(f"{url}/models/{SD}", json={"text": "a red square", "steps": 2}, timeout=120)
+    assert plain.status_code == 200 and plain.headers["Content-Type"].startswith("application/json")
+    assert set(plain.json()) == set(result)
+
+
+def test_the_first_use_says_loading_before_it_runs_and_tokens_count_as_steps(box):
+    url, _, _ = box
+    events = sse(watch(url, GPT2, {"text": "hello there", "max_new_tokens": 6}))
+    phases = [e["phase"] for name, e in events if name == "progress"]
+    assert phases[:2] == ["loading", "running"], events  # the first use of the model in this server
+    steps = [e for name, e in events if name == "progress" and "step" in e]
+    assert steps and [e["step"] for e in steps] == list(range(1, len(steps) + 1))
+    assert all(e["steps"] == 6 for e in steps)
+    assert events[-1][0] == "result" and "generated text" in events[-1][1]
+    again = sse(watch(url, GPT2, {"text": "hello there", "max_new_tokens": 6}))
+    assert "loading" not in [e.get("phase") for _, e in again]  # in memory now
+
+
+def test_an_error_during_the_call_is_the_last_event_with_its_status_and_a_refusal_before_it_is_plain_json(box):
+    url, _, _ = box
+    events = sse(watch(url, SD, {"text": "a cat", "steps": 999}))  # read by the handler, after the load
+    assert events[-1][0] == "error"
+    assert events[-1][1]["status"] == 400 and "`steps` must be a whole number" in events[-1][1]["error"]["message"]
+    refused = watch(url, "nobody/unknown-model", {"text": "x"})  # nothing to run: refused before any work
+    assert refused.status_code == 404 and refused.headers["Content-Type"].startswith("application/json")
+    assert "unknown model" in refused.json()["error"]["message"]
+    bad = watch(url, SD, {"text": "\ud800"})
+    assert bad.status_code == 400 and "lone surrogate" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("accept", ["application/json", "*/*", "text/event-stream;q=0"])
+def test_a_client_that_does_not_ask_for_events_gets_the_one_shot_answer(box, accept):
+    url, _, _ = box
+    resp = requests.post(f"{url}/models/{SD}", json={"text": "a cat", "steps": 1}, headers={"Accept": accept},
+                         timeout=120)
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("application/json")
+    assert resp.json()["path"].startswith("/images/")
+
+
+def test_a_client_that_leaves_stops_the_run_at_its_next_step(box):
+    url, _, proc = box
+    resp = watch(url, SD, {"text": "a long one", "steps": 150})
+    lines = resp.iter_lines(decode_unicode=True)
+    for line in lines:
+        if line.startswith("data: ") and '"step":2' in line:
+            break
+    resp.close()  # the client leaves at step 2 of 150
+    wait_until(lambda: "stopped: its client left" in proc.log_path.read_text(), timeout=20,
+               what="the models server to stop the run")
+    # the model is free again at once: a watched call after it is not queued behind 148 more steps
+    events = sse(watch(url, SD, {"text": "next", "steps": 2}))
+    assert events[-1][0] == "result"
+    assert "queued" not in [e.get("phase") for _, e in events]
+
+
+@pytest.fixture(scope="module")
+def orchestrator(tmp_path_factory, llm_server, box):
+    url, _, _ = box
+    folder = tmp_path_factory.mktemp("progress-orchestrator")
+    public = make_public(folder / "public")
+    config = write_config(folder, llm_server.base_url, url, public, local_deployment="full",
+                          semantic_ranking=False, progress_interval_ms=0, request_timeout=120)
+    srv = start_server(config, folder)
+    yield srv
+    stop_server(srv)
+
+
+def plan_one_image(llm) -> None:
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1],
+                                      "args": {"text": "a red square"}}]))
+    llm.on("choose_model", json.dumps({"id": SD, "reason": "the only one"}))
+    llm.on("response_results", "Here is your picture.")
+
+
+def test_the_orchestrator_stream_relays_every_step_as_task_progress(orchestrator, llm, box):
+    plan_one_image(llm)
+    t0 = time.monotonic()
+    resp = orchestrator.post("/hugginggpt", {"messages": [{"role": "user", "content": "draw a red square"}],
+                                             "stream": True}, stream=True, timeout=120)
+    assert resp.status_code == 200
+    events = events_of(resp)
+    assert time.monotonic() - t0 < 120
+    names = [name for name, _ in events]
+    progress = [e for name, e in events if name == "task_progress"]
+    steps = [e for e in progress if "step" in e]
+    assert steps, names
+    n = steps[0]["steps"]
+    assert [e["step"] for e in steps] == list(range(1, n + 1))  # the default 25 steps, each relayed in order
+    assert all(e["id"] == 0 and e["task"] == "text-to-image" and e["model"] == SD and e["hosted_on"] == "local"
+               for e in progress)
+    first_progress = names.index("task_progress")
+    assert names.index("task_started") < first_progress < names.index("task_finished")
+    assert max(i for i, name in enumerate(names) if name == "task_progress") < names.index("task_finished")
+    allowed = {"event", "request_id", "t", "id", "task", "model", "hosted_on", "phase", "step", "steps",
+               "fraction", "eta", "bytes", "total_bytes", "waiting"}
+    assert all(set(e) <= allowed for e in progress)
+    # the plain answer of the same request carries no progress and still works
+    plain = orchestrator.post("/hugginggpt", {"messages": [{"role": "user", "content": "draw a red square"}]},
+                              timeout=120)
+    assert plain.status_code == 200 and "picture" in plain.json()["message"]

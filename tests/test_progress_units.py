@@ -1,0 +1,341 @@
+"""Progress reporting in-process: the models server's Watch, its Accept rule, the orchestrator's relay and its reader
+of the models server's event stream (issue 48). The servers themselves: tests/test_progress.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+
+from hugginggpt import taskprogress
+from hugginggpt.backends.events import MAX_EVENT_BYTES, read_events
+from hugginggpt.cancel import Cancelled
+from hugginggpt.errors import BackendError
+from hugginggpt.modelhost import progress
+from hugginggpt.modelhost.progress_stream import failure, wants_events
+from hugginggpt.taskprogress import Relay, clean
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch_with_clock(**kw):
+    sent: list[dict] = []
+    clock = Clock()
+    return progress.Watch(sent.append, clock=clock, **kw), sent, clock
+
+
+# -- the models server's Watch -------------------------------------------------------------------------------
+
+
+def test_steps_carry_fraction_and_an_eta_from_the_pace_since_the_first_step():
+    watch, sent, clock = watch_with_clock()
+    watch.step(1, 5)  # the set-up before the first step is no step's time
+    clock.now += 2.0
+    watch.step(2, 5)
+    clock.now += 2.0
+    watch.step(3, 5)
+    clock.now += 2.0
+    watch.step(5, 5)
+    assert sent[0] == {"phase": "running", "step": 1, "steps": 5, "fraction": 0.2}
+    assert sent[1]["eta"] == 6.0  # 3 steps left at 2 s each
+    assert sent[2]["eta"] == 4.0
+    assert sent[3] == {"phase": "running", "step": 5, "steps": 5, "fraction": 1.0, "eta": 0.0}
+
+
+def test_a_new_phase_restarts_the_pace_and_the_same_phase_twice_is_said_once():
+    watch, sent, clock = watch_with_clock()
+    watch.phase("queued", "behind a batch")
+    watch.phase("queued", "behind a batch")
+    watch.phase("queued", "another model is loading")
+    watch.phase("loading")
+    watch.step(1, 4)
+    clock.now += 10
+    watch.phase("loading")  # a second model of the call (a ControlNet's): the steps' pace starts again
+    watch.step(1, 4)
+    clock.now += 1
+    watch.step(2, 4)
+    assert [e["phase"] for e in sent] == ["queued", "queued", "loading", "running", "loading", "running", "running"]
+    assert sent[0]["waiting"] == "behind a batch" and sent[1]["waiting"] == "another model is loading"
+    assert "waiting" not in sent[2]
+    assert sent[-1]["eta"] == 2.0  # 1 s a step since the new first step, not 11
+
+
+def test_a_stopped_watch_ends_the_work_at_its_next_step_but_never_a_download():
+    watch, sent, _ = watch_with_clock()
+    watch.step(1, 3)
+    watch.stop()
+    assert watch.stopped
+    with pytest.raises(Cancelled):
+        watch.step(2, 3)
+    watch.downloaded(10, 100)  # other requests may wait on the same download: it goes on, unreported
+    assert [e.get("step") for e in sent] == [1]
+
+
+def test_download_bytes_are_sent_at_most_every_gap_but_always_the_first_and_the_last():
+    watch, sent, clock = watch_with_clock(byte_gap=0.25)
+    watch.downloaded(10, 100)
+    clock.now += 0.1
+    watch.downloaded(20, 100)  # too soon
+    clock.now += 0.2
+    watch.downloaded(30, 100)
+    clock.now += 0.01
+    watch.downloaded(100, 100)  # the last reading, however soon
+    watch.downloaded(5, None)  # a total not known yet
+    assert [(e["bytes"], e["total_bytes"], e["fraction"]) for e in sent] == [
+        (10, 100, 0.1), (30, 100, 0.3), (100, 100, 1.0)]
+    clock.now += 1
+    watch.downloaded(5, None)
+    assert sent[-1] == {"phase": "downloading", "bytes": 5, "total_bytes": None, "fraction": None}
+
+
+def test_nobody_watching_costs_the_work_nothing_and_adds_no_arguments():
+    class Pipe:
+        def __call__(self, prompt, num_inference_steps=1, callback_on_step_end=None):
+            pass
+    assert progress.current() is None
+    assert progress.diffusion_steps(Pipe(), 5) == {}
+    assert progress.token_steps(5) == {}
+    progress.phase("loading")  # no watch: nothing to say it to
+
+
+def test_diffusion_callbacks_report_each_step_by_the_style_the_pipeline_takes():
+    class NewStyle:
+        _num_timesteps = 3  # img2img with strength 0.5 of 6 steps runs 3
+
+        def __call__(self, prompt, num_inference_steps=1, callback_on_step_end=None):
+            state = {"latents": 1}
+            for i in range(self._num_timesteps):
+                state = callback_on_step_end(self, i, 999 - i, state)
+            return state
+
+    class OldStyle:
+        def __call__(self, prompt, num_inference_steps=1, callback=None, callback_steps=None):
+            assert callback_steps == 1
+            for i in range(num_inference_steps):
+                callback(i, 999 - i, None)
+
+    class NoCallbacks:
+        def __call__(self, prompt, num_inference_steps=1):
+            pass
+
+    watch, sent, _ = watch_with_clock()
+    with progress.watching(watch):
+        pipe = NewStyle()
+        assert pipe("x", 6, **progress.diffusion_steps(pipe, 6)) == {"latents": 1}  # the kwargs pass through
+        old = OldStyle()
+        old("x", 2, **progress.diffusion_steps(old, 2))
+        assert progress.diffusion_steps(NoCallbacks(), 4) == {}
+    assert progress.current() is None
+    got = [(e.get("step"), e.get("steps")) for e in sent]
+    assert got == [(None, None), (1, 3), (2, 3), (3, 3), (1, 2), (2, 2)]  # "running" once: it still runs
+
+
+def test_token_steps_count_new_tokens_not_the_prompt():
+    import torch
+
+    watch, sent, _ = watch_with_clock()
+    with progress.watching(watch):
+        streamer = progress.token_steps(4)["streamer"]
+    streamer.put(torch.tensor([[5, 6, 7, 8, 9]]))  # the prompt
+    streamer.put(torch.tensor([1]))
+    streamer.put(torch.tensor([[2, 3]]))  # assisted decoding: two at once
+    streamer.put(torch.tensor([4]))
+    streamer.end()
+    assert [e.get("step") for e in sent] == [None, 1, 3, 4]
+    assert all(e["steps"] == 4 for e in sent[1:])
+
+
+def test_waiting_for_a_held_lock_says_queued_first_and_a_free_lock_says_nothing():
+    watch, sent, _ = watch_with_clock()
+    lock = threading.Lock()
+    with progress.watching(watch):
+        with progress.waiting_for(lock, "free"):
+            assert lock.locked()
+        assert not lock.locked() and sent == []
+        lock.acquire()
+        done = threading.Event()
+
+        def later():
+            done.wait(5)
+            lock.release()
+        threading.Thread(target=later).start()
+
+        def when_sent(event):
+            sent.append(event)
+            done.set()
+        watch._send = when_sent
+        with progress.waiting_for(lock, "the model is busy"):
+            pass
+    assert sent == [{"phase": "queued", "waiting": "the model is busy"}]
+    assert not lock.locked()
+
+
+# -- the Accept rule -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("accept", "wanted"), [
+    ("text/event-stream", True), ("Text/Event-Stream", True), ("application/json, text/event-stream;q=0.5", True),
+    ("text/event-stream; q=0", False), ("text/event-stream;q=nonsense", False), ("*/*", False), (None, False),
+    ("application/json", False), ("text/*", False), ("", False),
+])
+def test_only_a_client_that_names_the_event_stream_gets_one(accept, wanted):
+    assert wants_events(accept) is wanted
+
+
+def test_a_failure_is_the_one_shot_error_body():
+    assert failure("no room", 503, "no_room", {"Retry-After": "5"}) == (
+        503, {"error": {"message": "no room", "type": "no_room"}}, {"Retry-After": "5"})
+    assert failure("bad", 400) == (400, {"error": {"message": "bad"}}, {})
+
+
+# -- the orchestrator's relay ---------------------------------------------------------------------------------
+
+
+def test_clean_keeps_known_fields_with_their_types_and_drops_the_rest():
+    assert clean({"phase": "running", "step": 3, "steps": 10, "fraction": 0.3, "eta": 1.234567,
+                  "path": "/secret/models/x", "url": "http://10.0.0.1/", "token": "hf_x"}) == {
+        "phase": "running", "step": 3, "steps": 10, "fraction": 0.3, "eta": 1.23}
+    assert clean({"phase": "exploding"}) is None
+    assert clean(["running"]) is None
+    assert clean({"phase": "running", "step": True, "steps": -1, "fraction": float("nan"), "eta": float("inf")}) \
+        == {"phase": "running"}
+    assert clean({"phase": "downloading", "bytes": 5, "total_bytes": 10, "fraction": 7}) == {
+        "phase": "downloading", "bytes": 5, "total_bytes": 10, "fraction": 1.0}
+    assert clean({"phase": "queued", "waiting": "x" * 500})["waiting"] == "x" * taskprogress.MAX_WAITING
+    assert clean({"phase": "queued", "waiting": 7}) == {"phase": "queued"}
+
+
+def test_the_relay_sends_phase_changes_and_last_steps_at_once_and_other_steps_at_most_once_an_interval():
+    sent: list[dict] = []
+    clock = Clock()
+    relay = Relay(sent.append, interval=1.0, clock=clock)
+    relay({"phase": "loading"})
+    relay({"phase": "running", "step": 1, "steps": 4})  # a new phase
+    clock.now += 0.5
+    relay({"phase": "running", "step": 2, "steps": 4})  # too soon
+    clock.now += 0.6
+    relay({"phase": "running", "step": 3, "steps": 4})  # an interval since the last one sent
+    clock.now += 0.1
+    relay({"phase": "running", "step": 4, "steps": 4})  # the last step, however soon
+    relay({"phase": "bogus"})
+    relay({"phase": "downloading", "bytes": 1, "total_bytes": 9})
+    relay({"phase": "downloading", "bytes": 9, "total_bytes": 9})
+    assert [(e["phase"], e.get("step"), e.get("bytes")) for e in sent] == [
+        ("loading", None, None), ("running", 1, None), ("running", 3, None), ("running", 4, None),
+        ("downloading", None, 1), ("downloading", None, 9)]
+
+
+def test_an_interval_of_zero_relays_every_step():
+    sent: list[dict] = []
+    relay = Relay(sent.append, interval=0.0, clock=Clock())
+    for k in range(1, 6):
+        relay({"phase": "running", "step": k, "steps": 9})
+    assert [e["step"] for e in sent] == [1, 2, 3, 4, 5]
+
+
+def test_a_report_goes_to_the_listener_of_its_context_only():
+    heard: list[dict] = []
+    taskprogress.report({"phase": "loading"})  # nobody listens
+    with taskprogress.listening(heard.append):
+        assert taskprogress.listener() is not None
+        taskprogress.report({"phase": "running"})
+    taskprogress.report({"phase": "queued"})
+    assert heard == [{"phase": "running"}] and taskprogress.listener() is None
+
+
+# -- reading the models server's stream ----------------------------------------------------------------------
+
+
+class FakeResponse:
+    """What read_events uses of urllib3's HTTPResponse: status, headers, line iteration, read()."""
+
+    def __init__(self, body: bytes, content_type: str = "text/event-stream", status: int = 200):
+        self.status = status
+        self.headers = {"Content-Type": content_type}
+        self._body = body
+
+    def __iter__(self):
+        return iter(io.BytesIO(self._body))
+
+    def read(self) -> bytes:
+        return self._body
+
+
+def stream(*events: tuple[str, object]) -> bytes:
+    return b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)
+
+
+def test_progress_goes_to_the_listener_and_the_result_is_the_answer():
+    heard: list[dict] = []
+    body = b": keep-alive\n\n" + stream(("progress", {"phase": "loading"}),
+                                        ("progress", {"phase": "running", "step": 1, "steps": 2})) \
+        + b"event: progress\r\ndata: not json\r\n\r\n" + stream(("result", {"path": "/images/a.png"}),
+                                                                 ("progress", {"phase": "late"}))
+    status, data = read_events(FakeResponse(body), heard.append)
+    assert (status, json.loads(data)) == (200, {"path": "/images/a.png"})
+    assert heard == [{"phase": "loading"}, {"phase": "running", "step": 1, "steps": 2}]
+
+
+def test_an_error_event_is_the_one_shot_error_with_its_status():
+    status, data = read_events(FakeResponse(stream(("error", {"error": {"message": "no room"}, "status": 503}))),
+                               lambda e: None)
+    assert (status, json.loads(data)) == (503, {"error": {"message": "no room"}})
+    for odd in ({"error": {"message": "x"}, "status": 200}, {"error": {"message": "x"}, "status": "503"},
+                {"error": {"message": "x"}, "status": True}, {"error": {"message": "x"}}):
+        assert read_events(FakeResponse(stream(("error", odd))), lambda e: None)[0] == 500
+    assert read_events(FakeResponse(b"event: error\ndata: {broken\n\n"), lambda e: None) == (500, b"{broken")
+
+
+def test_a_listener_that_fails_does_not_fail_the_call():
+    def broken(event):
+        raise RuntimeError("the stream to the user is gone")
+    body = stream(("progress", {"phase": "loading"}), ("result", {"ok": 1}))
+    assert read_events(FakeResponse(body), broken) == (200, b'{"ok": 1}')
+
+
+def test_a_server_that_answers_json_is_read_as_before_and_a_stream_without_an_answer_is_an_error():
+    plain = FakeResponse(b'{"error": {"message": "unknown model"}}', "application/json; charset=utf-8", 404)
+    assert read_events(plain, lambda e: None) == (404, b'{"error": {"message": "unknown model"}}')
+    with pytest.raises(BackendError, match="without an answer"):
+        read_events(FakeResponse(stream(("progress", {"phase": "loading"}))), lambda e: None)
+
+
+def test_an_event_past_the_size_limit_is_refused(monkeypatch):
+    import hugginggpt.backends.events as events
+
+    monkeypatch.setattr(events, "MAX_EVENT_BYTES", 10)
+    with pytest.raises(BackendError, match="larger than"):
+        read_events(FakeResponse(b"event: result\ndata: 0123456789ABC\n\n"), lambda e: None)
+    assert MAX_EVENT_BYTES > 2**20
+    assert read_events(FakeResponse(b"event: result\ndata: 012345678\n\n"), lambda e: None) == (200, b"012345678")
+
+
+def test_data_lines_join_and_a_last_event_without_its_blank_line_still_counts():
+    body = b"event: result\ndata: [1,\ndata: 2]"
+    assert read_events(FakeResponse(body), lambda e: None) == (200, b"[1,\n2]")
+
+
+def test_the_progress_interval_is_read_in_milliseconds_and_checked(tmp_path):
+    from hugginggpt.config import load_config
+    from hugginggpt.errors import ConfigError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("openai: {api_key: unused}\n")
+    assert load_config(path, need_llm=False, env={}).progress_interval_ms == 250.0
+    for value, want in (("0", 0.0), ("1000", 1000.0), ("12.5", 12.5)):
+        path.write_text(f"openai: {{api_key: unused}}\nprogress_interval_ms: {value}\n")
+        config = load_config(path, need_llm=False, env={})
+        assert config.progress_interval_ms == want and not config.warnings
+    for bad in ("-1", "1001", "'often'", "true", ".nan"):
+        path.write_text(f"openai: {{api_key: unused}}\nprogress_interval_ms: {bad}\n")
+        with pytest.raises(ConfigError, match=r"`progress_interval_ms` must be a number of milliseconds from 0 to "
+                                              r"1000 \(default 250\)"):
+            load_config(path, need_llm=False, env={})
