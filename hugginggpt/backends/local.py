@@ -18,10 +18,10 @@ from urllib.parse import quote
 import certifi
 import urllib3
 
+from .. import taskprogress
 from ..errors import BackendError, ResourceError
 from ..resources import KIND_DIRS, OUTPUT_PATH, extension_for, save_bytes, sniff_mime
 from ..urlpolicy import WATCHED_POOL_CLASSES, UrlPolicy, deadline_scope, fetch
-from .. import taskprogress
 from . import TaskInputs
 from .events import WATCH, read_events
 from .normalize import FILE_KEYS, normalize
