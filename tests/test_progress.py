@@ -170,3 +170,57 @@ def test_the_orchestrator_stream_relays_every_step_as_task_progress(orchestrator
     plain = orchestrator.post("/hugginggpt", {"messages": [{"role": "user", "content": "draw a red square"}]},
                               timeout=120)
     assert plain.status_code == 200 and "picture" in plain.json()["message"]
+
+
+# -- the web page ----------------------------------------------------------------------------------------------
+
+from tests.test_web import ARTIFACTS, CHROMIUM, page, sync_playwright  # noqa: E402, F401 - the browser fixture
+
+needs_browser = pytest.mark.skipif(sync_playwright is None or not __import__("os").path.exists(CHROMIUM),
+                                   reason=f"browser test needs playwright and Chromium at {CHROMIUM}")
+
+# The page's own event handler, wrapped: each event is handled as the page handles it, then the task card's
+# progress label is read at once (two events can arrive in one read, so a later look would miss the first).
+# `hold_at` keeps events from the page once that step has been drawn, so a screenshot shows a run mid-way.
+RECORD = """hold_at => {
+  window.__labels = []; window.__held = []; window.__holding = false;
+  const real = window.onEvent;
+  window.__release = () => { window.__holding = false; window.__held.splice(0).forEach(a => window.onEvent(...a)); };
+  window.onEvent = (name, e, bubble) => {
+    if (window.__holding) { window.__held.push([name, e, bubble]); return; }
+    real(name, e, bubble);
+    if (name !== "task_progress") return;
+    const label = document.querySelector('.task[data-id="0"] .progress .plabel');
+    const bar = document.querySelector('.task[data-id="0"] .progress .pfill');
+    window.__labels.push([label ? label.textContent : null, bar ? bar.style.width : null]);
+    if (e.step === hold_at) window.__holding = true;
+  };
+}"""
+
+
+@needs_browser
+def test_the_web_page_draws_each_step_on_the_task_card_with_its_eta(orchestrator, llm, page):
+    plan_one_image(llm)
+    page.goto(orchestrator.url + "/")
+    page.evaluate(RECORD, 10)
+    page.fill("#input", "draw a red square")
+    page.keyboard.press("Enter")
+    page.wait_for_function("window.__holding", timeout=60000)
+    card = page.locator('.task[data-id="0"]')
+    assert card.locator(".progress").get_attribute("aria-valuenow") == "40"
+    assert card.locator(".progress .plabel").inner_text().startswith("step 10 of 25 · about ")
+    assert "running · 40%" in page.text_content('#graph .node[data-id="0"]')  # an SVG node
+    page.screenshot(path=str(ARTIFACTS / "progress-1280.png"))
+    page.set_viewport_size({"width": 390, "height": 844})
+    card.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "progress-390.png"))
+    page.evaluate("window.__release()")
+    page.wait_for_selector("#chat .assistant[data-done='1']", timeout=60000)
+    labels = page.evaluate("window.__labels")
+    steps = [label for label, _ in labels if label and label.startswith("step ")]
+    assert [s.split(" · ")[0] for s in steps] == [f"step {k} of 25" for k in range(1, 26)]
+    assert all(" · about " in s and s.endswith(" s left") for s in steps[1:])  # an ETA once there is a pace
+    widths = [float(w.rstrip("%")) for label, w in labels if label and label.startswith("step ")]
+    assert widths == sorted(widths) and widths[-1] == 100.0
+    assert card.locator(".progress").count() == 0  # done: the bar gives way to the picture
+    assert card.locator("img").count() == 1
