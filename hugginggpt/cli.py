@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from . import taskprogress
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .errors import HuggingGPTError
 
@@ -54,16 +56,44 @@ class Turn:
 def progress_printer(out: TextIO, turn: Turn, muted: threading.Event):
     """Turn pipeline events into short progress lines; model time and selection time are shown apart.
 
-    Events come from several threads: each line is written whole, under a lock, so two never share a line."""
+    Events come from several threads: each line is written whole, under a lock, so two never share a line.
+
+    On a terminal, each running task whose model reports progress has one line below the others, rewritten in
+    place (`#0 text-to-image: step 10 of 25 · about 4 s left`) and gone when the task ends; elsewhere (a pipe,
+    a log) progress is not printed."""
     lock = threading.Lock()
+    live: dict[int, str] = {}  # task id -> its progress line, drawn below the other lines
+    drawn = [0]  # progress lines on the screen now
+    tty = out.isatty()
+
+    def redraw(text: str | None = None) -> None:
+        """Under `lock`: take the progress lines off the screen, print `text` (if any), draw them again."""
+        if muted.is_set():
+            return
+        if drawn[0]:
+            out.write(f"\x1b[{drawn[0]}F\x1b[J")  # to the start of the first progress line; clear below
+        if text is not None:
+            out.write(text + "\n")
+        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off
+        for line in live.values():
+            out.write(line[:width] + "\n")
+        drawn[0] = len(live)
+        out.flush()
 
     def say(text: str) -> None:
         with lock:
-            if not muted.is_set():
-                out.write(text + "\n")
-                out.flush()
+            redraw(text)
 
     def show(name: str, e: dict[str, Any]) -> None:
+        if name == "task_progress":
+            if tty:
+                with lock:
+                    live[e["id"]] = f"  #{e['id']} {e.get('task', '')}: {taskprogress.describe(e)}"
+                    redraw()
+            return
+        if name in ("task_finished", "task_failed"):
+            with lock:
+                live.pop(e.get("id"), None)
         t = f"{e.get('t', 0):6.2f}s"
         if name == "plan":
             steps = ", ".join(f"#{x['id']} {x['task']}" for x in e["tasks"])

@@ -80,6 +80,25 @@ def clean(event: Any) -> dict[str, Any] | None:
     return out
 
 
+def describe(progress: dict[str, Any]) -> str:
+    """A progress event in words, as the CLI and the Gradio app show it (the web page says the same in JavaScript):
+    `step 10 of 25 · about 4 s left`, `downloading 12.0 of 40.0 MB`, `queued: another model is loading`."""
+    phase = progress.get("phase")
+    text = {"queued": "queued", "downloading": "downloading", "loading": "loading the model",
+            "running": "running"}.get(phase, str(phase))
+    if progress.get("waiting"):
+        text += f": {progress['waiting']}"
+    if progress.get("step") is not None and progress.get("steps"):
+        text = f"step {progress['step']} of {progress['steps']}"
+    if phase == "downloading" and progress.get("bytes") is not None:
+        total = progress.get("total_bytes")
+        text += f" {progress['bytes'] / 1e6:.1f}{f' of {total / 1e6:.1f}' if total else ''} MB"
+    eta = progress.get("eta")
+    if eta is not None:
+        text += f" · about {math.ceil(eta)} s left" if eta < 90 else f" · about {round(eta / 60)} min left"
+    return text
+
+
 class Relay:
     """One task's progress into `emit`: each change of phase and the last step at once; other reports at most
     once per `interval` seconds (the newest one wins: a step skipped is never sent late)."""

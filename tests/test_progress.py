@@ -8,6 +8,7 @@ then the same result the one-shot answer carries; the orchestrator's stream carr
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -199,7 +200,7 @@ RECORD = """hold_at => {
 
 
 @needs_browser
-def test_the_web_page_draws_each_step_on_the_task_card_with_its_eta(orchestrator, llm, page):
+def test_the_web_page_draws_each_step_on_the_task_card_with_its_eta(orchestrator, llm, page):  # noqa: F811
     plan_one_image(llm)
     page.goto(orchestrator.url + "/")
     page.evaluate(RECORD, 10)
@@ -224,3 +225,45 @@ def test_the_web_page_draws_each_step_on_the_task_card_with_its_eta(orchestrator
     assert widths == sorted(widths) and widths[-1] == 100.0
     assert card.locator(".progress").count() == 0  # done: the bar gives way to the picture
     assert card.locator("img").count() == 1
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+
+
+def test_the_cli_keeps_one_line_per_running_task_rewritten_in_place(tmp_path, llm_server, llm, box):
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_cli_pty import Terminal
+
+    url, _, _ = box
+    public = make_public(tmp_path / "public")
+    config = write_config(tmp_path, llm_server.base_url, url, public, local_deployment="full",
+                          semantic_ranking=False, progress_interval_ms=0, request_timeout=120)
+    plan_one_image(llm)
+    term = Terminal([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "cli"])
+    try:
+        term.read_until("[ User ]: ")
+        shown = len(term.text)
+        term.type("draw a red square\n")
+        term.read_until("[ Jarvis ]:", timeout=120)
+        text = term.text[shown:]
+    finally:
+        term.close()
+    steps = re.findall(r"#0 text-to-image: (step \d+ of 25)", text)
+    assert steps == [f"step {k} of 25" for k in range(1, 26)]
+    assert re.search(r"#0 text-to-image: step 25 of 25 · about 0 s left", text)
+    # each update first takes the line off the screen (cursor up one line, clear below), then writes it again
+    assert text.count("\x1b[1F\x1b[J") >= 25
+    # when the task ends its progress line is taken off and the "done" line takes its place; nothing is redrawn
+    assert re.search(r"step 25 of 25[^\n]*\n\x1b\[1F\x1b\[J +\[ *[\d.]+s\] #0 text-to-image done: model ran", text)
+    assert "text-to-image: step" not in text[text.index("done: model ran"):]
+    # the same request from a script: its lines go to a pipe, where a line rewritten in place would be noise
+    import subprocess
+
+    plan_one_image(llm)
+    run = subprocess.run([sys.executable, str(ROOT / "awesome_chat.py"), "--config", str(config), "--mode", "text",
+                          "--input", "draw a red square"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "#0 text-to-image done: model ran" in run.stderr
+    assert "step 1 of 25" not in run.stderr and "\x1b[" not in run.stderr
