@@ -267,3 +267,42 @@ def test_the_cli_keeps_one_line_per_running_task_rewritten_in_place(tmp_path, ll
     assert run.returncode == 0, run.stderr
     assert "#0 text-to-image done: model ran" in run.stderr
     assert "step 1 of 25" not in run.stderr and "\x1b[" not in run.stderr
+
+
+# -- the Gradio app --------------------------------------------------------------------------------------------
+
+
+def test_the_gradio_app_shows_each_step_in_the_task_message_the_plan_and_gradio_s_own_bar(tmp_path, llm_server, llm,
+                                                                                           box):
+    pytest.importorskip("gradio_client")
+    from tests.test_gradio_app import start_app, stop_app, texts
+
+    url, _, _ = box
+    public = make_public(tmp_path / "public")
+    config = write_config(tmp_path, llm_server.base_url, url, public, local_deployment="full",
+                          semantic_ranking=False, progress_interval_ms=0, request_timeout=120)
+    app = start_app(tmp_path, "--config", str(config))
+    try:
+        plan_one_image(llm)
+        client = app.client()
+        bars: list = []
+        job = client.submit({"text": "draw a red square", "files": []}, api_name="/chat",
+                            result_callbacks=None)
+        while not job.done():
+            status = job.status()
+            if status.progress_data:
+                bars.append([(u.index, u.length, u.progress, u.desc) for u in status.progress_data])
+            time.sleep(0.01)
+        chat, plan, _ = job.result(timeout=60)
+        outputs = job.outputs()
+    finally:
+        stop_app(app)
+    assert texts(chat)[-1] == "Here is your picture."
+    said = []
+    for out in outputs:
+        said += [t for t in texts(out[0]) if t.startswith("running… step ")]
+    steps = [int(re.match(r"running… step (\d+) of 25", t).group(1)) for t in said]
+    assert steps == sorted(steps) and steps[-1] == 25 and len(set(steps)) >= 20  # the page redraws what it is sent
+    statuses = [row[4] for out in outputs for row in out[1]["data"]]
+    assert "running 100%" in statuses and statuses[-1] == "done"
+    assert any(desc and desc.startswith("#0 text-to-image: step ") for bar in bars for *_, desc in bar), bars

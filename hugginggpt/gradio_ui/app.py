@@ -21,6 +21,7 @@ from urllib.parse import unquote
 import gradio as gr
 
 from ..errors import HuggingGPTError
+from ..taskprogress import describe as progress_words
 from .orchestrators import Orchestrator, Run, UserError, VisitorLLM, size_text
 from .progress import COLUMNS, Progress, describe, files_of, task_title
 from .sessions import VisitorFiles, visitor_of
@@ -131,6 +132,8 @@ class Conversation:
         name = event.get("event")
         if name == "task_started":
             self._task_message(event, "running…", "pending")
+        elif name == "task_progress":  # its words in the task's message; the bar is Gradio's own (submit)
+            self._task_message(event, f"running… {progress_words(event)}", "pending")
         elif name == "task_finished":
             result = event.get("result")
             self._task_message(event, describe(result) or "done", "done")
@@ -188,7 +191,8 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
         return chat + [error_line(why)], gr.skip(), gr.skip(), gr.skip(), box, gr.skip()
 
     def submit(message: dict[str, Any] | None, chat: list[dict[str, Any]] | None, history: list[dict[str, str]] | None,
-               llm: VisitorLLM | None, mine: set[str] | None, request: gr.Request) -> Iterator[tuple]:
+               llm: VisitorLLM | None, mine: set[str] | None, request: gr.Request,
+               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:  # noqa: B008 - Gradio's own idiom
         chat, history = list(chat or []), list(history or [])
         mine = set(mine or ())
         message = message or {}
@@ -248,6 +252,10 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
         try:
             for event in run:
                 turn.handle(event)
+                if event.get("event") == "task_progress":  # Gradio's bar: the task that reported last
+                    fraction = event.get("fraction")
+                    progress(fraction if isinstance(fraction, (int, float)) else None,
+                             desc=f"#{event.get('id')} {event.get('task', '')}: {progress_words(event)}")
                 mine.update(p.lower() for p in turn.files)
                 yield turn.chat, turn.chat, history, plan_value(turn.progress), cleared, mine
         finally:

@@ -13,6 +13,18 @@ TEXT_KEYS = ("generated text", "text", "response", "answer")
 SKIP_KEYS = {"error", "fallback", "start", "end", "generated image", "generated audio", "generated video"}
 
 
+PHASE_WORDS = ("running ", "queued", "downloading", "loading")
+
+
+def status_of(progress: dict[str, Any]) -> str:
+    """A task's progress in the plan table's status column: `running 40%`, `downloading 12%`, `loading`."""
+    phase = str(progress.get("phase", "running"))
+    fraction = progress.get("fraction")
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and phase in ("running", "downloading"):
+        return f"{phase} {round(fraction * 100)}%"
+    return phase
+
+
 @dataclass
 class Row:
     id: int
@@ -52,6 +64,10 @@ class Progress:
             row.model = event.get("model") or f"none: {event.get('error') or 'no model available'}"
         elif name == "task_started":
             self.row(event).status = "running"
+        elif name == "task_progress":
+            row = self.row(event)
+            if row.status in ("planned", "running") or row.status.startswith(PHASE_WORDS):  # not after its end
+                row.status = status_of(event)
         elif name == "task_finished":
             row = self.row(event)
             row.status, row.seconds = "done", event.get("model_seconds", event.get("seconds"))
