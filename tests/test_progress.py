@@ -306,3 +306,66 @@ def test_the_gradio_app_shows_each_step_in_the_task_message_the_plan_and_gradio_
     statuses = [row[4] for out in outputs for row in out[1]["data"]]
     assert "running 100%" in statuses and statuses[-1] == "done"
     assert any(desc and desc.startswith("#0 text-to-image: step ") for bar in bars for *_, desc in bar), bars
+
+
+# -- MCP -------------------------------------------------------------------------------------------------------
+
+MCP_TOKEN = "progress-mcp-token"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_an_mcp_client_with_a_progress_token_gets_each_step_as_a_rising_notification(tmp_path, llm_server, llm, box,
+                                                                                      transport):
+    import asyncio
+    import sys
+
+    from mcp import Client, StdioServerParameters
+
+    from tests.conftest import ROOT
+    from tests.test_mcp import http_client
+
+    url, _, _ = box
+    public = make_public(tmp_path / "public")
+    config = write_config(tmp_path, llm_server.base_url, url, public, local_deployment="full",
+                          semantic_ranking=False, progress_interval_ms=0, request_timeout=120,
+                          api_tokens=[MCP_TOKEN])
+    server = None
+    if transport == "stdio":
+        def connect():
+            return Client(StdioServerParameters(command=sys.executable, args=["-m", "hugginggpt.mcp", "--config",
+                                                                              str(config)], cwd=str(ROOT)))
+    else:
+        server = start_server(config, tmp_path)
+
+        def connect():
+            return http_client(server.url + "/mcp", MCP_TOKEN)
+    plan_one_image(llm)
+    notes: list[tuple] = []
+
+    async def heard(progress, total, message):
+        notes.append((progress, total, message))
+
+    async def go():
+        async with connect() as client:
+            whole = await client.call_tool("hugginggpt", {"text": "draw a red square"}, progress_callback=heard)
+            quiet = await client.call_tool("hugginggpt", {"text": "draw a red square"})  # no token: no notes
+            one = await client.call_tool("run_model", {"task": "text-to-image", "model": SD, "text": "a square"},
+                                         progress_callback=heard)
+            return whole, quiet, one
+
+    try:
+        whole, quiet, one = asyncio.run(asyncio.wait_for(go(), 120))
+    except BaseException:
+        if server is not None:
+            print(server.logs()[-5000:])
+        raise
+    finally:
+        if server is not None:
+            stop_server(server)
+    assert not whole.is_error and not quiet.is_error and not one.is_error
+    first, second = notes[:25], notes[25:]
+    assert [m for _, _, m in first] == [m for _, _, m in first if m.startswith("#0 text-to-image: step ")]
+    assert [int(re.search(r"step (\d+) of 25", m).group(1)) for _, _, m in first] == list(range(1, 26))
+    assert [p for p, _, _ in first] == [round(k / 25, 4) for k in range(1, 26)] and {t for _, t, _ in first} == {1.0}
+    assert len(second) == 25 and second[-1][0] == 1.0  # run_model's one task, and nothing from the quiet call
+

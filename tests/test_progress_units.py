@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 
 import pytest
 
@@ -339,3 +340,67 @@ def test_the_progress_interval_is_read_in_milliseconds_and_checked(tmp_path):
         with pytest.raises(ConfigError, match=r"`progress_interval_ms` must be a number of milliseconds from 0 to "
                                               r"1000 \(default 250\)"):
             load_config(path, need_llm=False, env={})
+
+
+# -- MCP progress notifications -------------------------------------------------------------------------------
+
+
+def test_mcp_progress_is_the_request_s_share_done_and_only_ever_rises():
+    from hugginggpt.mcp.progress import ToolProgress
+
+    p = ToolProgress()
+    assert p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]}) is None
+    assert p.note("task_progress", {"id": 0, "task": "text-to-image", "phase": "loading"}) is None  # no share yet
+    assert p.note("task_progress", {"id": 0, "task": "text-to-image", "phase": "running", "step": 1, "steps": 4,
+                                    "fraction": 0.25}) == (0.125, 1.0, "#0 text-to-image: step 1 of 4")
+    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "downloading", "bytes": 5,
+                                    "total_bytes": 10, "fraction": 0.5}) is None  # bytes are no share of steps
+    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "running", "step": 1, "steps": 2,
+                                    "fraction": 0.5})[0] == 0.375
+    assert p.note("task_finished", {"id": 0}) is None
+    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "running", "step": 2, "steps": 2,
+                                    "fraction": 1.0, "eta": 0})[:2] == (1.0, 1.0)
+    assert p.note("task_progress", {"id": 1, "task": "x", "phase": "running", "fraction": 1.0}) is None  # no rise
+    one = ToolProgress()  # run_model: one task, no plan
+    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 0.5})[0] == 0.5
+    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 0.4}) is None
+    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": True}) is None
+    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 7})[0] == 1.0
+
+
+def test_run_reporting_sends_notes_from_the_sdk_thread_and_hands_back_the_result_or_the_error():
+    import anyio
+    import anyio.to_thread
+
+    from hugginggpt.mcp import progress as tool_progress
+
+    sent: list[tuple] = []
+
+    async def report(progress, total, message):
+        sent.append((progress, total, message, threading.current_thread().name))
+
+    def work():
+        listen = tool_progress.events()
+        listen("plan", {"tasks": [{"id": 0}]})
+        for k in (1, 2):
+            threading.Thread(target=listen, args=("task_progress", {  # the request's own threads
+                "id": 0, "task": "t", "phase": "running", "step": k, "steps": 2, "fraction": k / 2})).start()
+            time.sleep(0.05)
+        return "the result"
+
+    def failing():
+        raise ValueError("the tool failed")
+
+    async def main():
+        value = await anyio.to_thread.run_sync(lambda: tool_progress.run_reporting(work, report))
+        with pytest.raises(ValueError, match="the tool failed"):
+            await anyio.to_thread.run_sync(lambda: tool_progress.run_reporting(failing, report))
+
+        async def gone(*args):
+            raise RuntimeError("the client left")
+        survived = await anyio.to_thread.run_sync(lambda: tool_progress.run_reporting(work, gone))
+        return value, survived
+
+    assert anyio.run(main) == ("the result", "the result")
+    assert [(p, t, m) for p, t, m, _ in sent] == [(0.5, 1.0, "#0 t: step 1 of 2"), (1.0, 1.0, "#0 t: step 2 of 2")]
+    assert tool_progress.events() is None  # outside a reporting call nobody listens

@@ -801,6 +801,32 @@ def test_mcp_is_served_in_the_app(site):
     assert "text-to-image" in json.dumps(resp.get_json()["result"])
 
 
+def test_an_mcp_call_with_a_progress_token_is_answered_as_a_stream_and_every_other_in_json(site):
+    client, engine, _ = site
+    engine.script = lambda state, mode: {"tasks": [{"task": "text-to-image", "mode": mode}]}
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "plan", "arguments": {"text": "a fox"}}}
+    plain = client.post("/mcp", json=call, headers=headers)
+    assert plain.status_code == 200 and plain.mimetype == "application/json"
+    assert "text-to-image" in json.dumps(plain.get_json()["result"])
+    for token in ("tok-1", 7):
+        streamed = client.post("/mcp", json={**call, "params": {**call["params"], "_meta": {"progressToken": token}}},
+                               headers=headers)
+        assert streamed.status_code == 200 and streamed.mimetype == "text/event-stream"
+        assert "Connection" not in streamed.headers  # hop-by-hop: the server's to say (PEP 3333)
+        data = [json.loads(line[len("data: "):]) for line in streamed.get_data(as_text=True).splitlines()
+                if line.startswith("data: ")]
+        assert data[-1]["id"] == 3 and "text-to-image" in json.dumps(data[-1]["result"])
+    for meta in ({"progressToken": True}, {"progressToken": None}, {"progressToken": [1]}, "x"):
+        other = client.post("/mcp", json={**call, "params": {**call["params"], "_meta": meta}}, headers=headers)
+        assert other.mimetype == "application/json"  # no usable token: as before
+    listed = client.post("/mcp", json={"jsonrpc": "2.0", "id": 4, "method": "tools/list",
+                                       "params": {"_meta": {"progressToken": "t"}}}, headers=headers)
+    assert listed.mimetype == "application/json"  # only a tool call has progress to report
+    bad = client.post("/mcp", data="[" * 5000, headers={**headers, "Content-Type": "application/json"})
+    assert bad.status_code < 500
+
+
 def test_the_app_names_its_engine_and_its_body_gate(tmp_path):
     config = configured(tmp_path, max_body_bytes=1234)
     engine = Engine(config)

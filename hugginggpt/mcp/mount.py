@@ -3,12 +3,16 @@
 The SDK's ASGI app runs on an event loop of its own (one thread, started by the first `/mcp` request) and is
 called from the WSGI server through a2wsgi. `/mcp` is a Flask route like the others, so the server's guard
 checks its bearer token and browser Origin before the SDK sees a byte. The transport is stateless and answers
-in JSON: every call is one HTTP exchange, with no session or open stream to hold a worker thread.
+in JSON: every call is one HTTP exchange, with no session or standing stream to hold a worker thread. A tool call
+whose client gave a progress token is answered as server-sent events instead (MCP's streamable HTTP lets a server
+answer a POST either way; clients take both), so its progress notifications arrive while the tool runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import logging
 import threading
@@ -26,6 +30,8 @@ PATH = "/mcp"
 START_TIMEOUT = 30.0
 CALL_HEADER = "X-HuggingGPT-MCP-Call"
 CALL_ENVIRON = "HTTP_" + CALL_HEADER.upper().replace("-", "_")  # set by the server: a client's own is replaced
+HOP_BY_HOP = ("Connection", "Keep-Alive", "Transfer-Encoding", "TE", "Trailer", "Upgrade", "Proxy-Authenticate",
+              "Proxy-Authorization")
 REFUSED = -32001  # JSON-RPC "server error" range: refused before the MCP server saw the request
 
 
@@ -47,40 +53,59 @@ class McpEndpoint:
         key = request.headers.get(CALL_HEADER) if request is not None else None
         return self.calls.get(key) if key else None
 
-    def wsgi(self) -> Any:
+    def wsgi(self, streamed: bool) -> Any:
+        """The app that answers in JSON, or the one that answers as a stream (`streamed`)."""
         with self._lock:
             if self._wsgi is None:
                 self._wsgi = self._start()
-            return self._wsgi
+            return self._wsgi[streamed]
 
-    def _start(self) -> Any:
+    def _start(self) -> dict[bool, Any]:
         from a2wsgi import ASGIMiddleware
         from mcp.server.transport_security import TransportSecuritySettings
 
         from .tools import build_server
 
-        server = build_server(self.engine, calls=self.call_of)
         logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)  # a line per call otherwise
-        # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
-        asgi = server.streamable_http_app(
-            streamable_http_path=PATH, stateless_http=True, json_response=True,
-            max_request_body_size=self.engine.config.max_body_bytes,
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         loop = asyncio.new_event_loop()
         threading.Thread(target=loop.run_forever, name="mcp-http", daemon=True).start()
-        started = threading.Event()
+        apps: dict[bool, Any] = {}
+        for streamed in (False, True):  # the SDK answers all calls of a server one way: a server for each
+            server = build_server(self.engine, calls=self.call_of)
+            # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
+            asgi = server.streamable_http_app(
+                streamable_http_path=PATH, stateless_http=True, json_response=not streamed,
+                max_request_body_size=self.engine.config.max_body_bytes,
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+            started = threading.Event()
 
-        async def sessions() -> None:
-            async with server.session_manager.run():  # what the ASGI lifespan would do; a2wsgi sends none
-                started.set()
-                await asyncio.Event().wait()
+            async def sessions(server: Any = server, started: threading.Event = started) -> None:
+                async with server.session_manager.run():  # what the ASGI lifespan would do; a2wsgi sends none
+                    started.set()
+                    await asyncio.Event().wait()
 
-        running = asyncio.run_coroutine_threadsafe(sessions(), loop)
-        if not started.wait(START_TIMEOUT):
-            running.cancel()
-            raise RuntimeError("the MCP session manager did not start")
+            running = asyncio.run_coroutine_threadsafe(sessions(), loop)
+            if not started.wait(START_TIMEOUT):
+                running.cancel()
+                raise RuntimeError("the MCP session manager did not start")
+            apps[streamed] = ASGIMiddleware(asgi, loop=loop)
         log.info("MCP over streamable HTTP at %s", PATH)
-        return ASGIMiddleware(asgi, loop=loop)
+        return apps
+
+
+def wants_progress(body: bytes) -> bool:
+    """Is this a tool call whose client gave a progress token (`params._meta.progressToken`)? Its answer is then a
+    stream (the notifications, then the result); every other message is answered in JSON, as before."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return False  # the SDK answers it with its own error
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return isinstance(token, (str, int)) and not isinstance(token, bool)
 
 
 def mount(app: Flask, engine: HuggingGPT, disconnects: DisconnectWatch) -> None:
@@ -99,15 +124,27 @@ def mount(app: Flask, engine: HuggingGPT, disconnects: DisconnectWatch) -> None:
         # the call's client leaving cancels its work, as for the other routes: a key only this server sets
         # links the tool call, on the MCP event loop's threads, to this request's connection
         environ = request.environ
+        body = request.get_data()  # at most max_body_bytes (the server's body gate); handed on to the SDK below
+        environ["wsgi.input"] = io.BytesIO(body)
+        streamed = wants_progress(body)
         key = uuid.uuid4().hex
         environ[CALL_ENVIRON] = key
         disconnected = environ.get("waitress.client_disconnected")
-        with disconnects.watching(disconnected, getattr(g, "request_id", key)) as work:
-            endpoint.calls[key] = work
-            try:
-                return Response.from_app(endpoint.wsgi(), environ, buffered=True)
-            finally:
-                endpoint.calls.pop(key, None)
+        # held until the answer has been sent (a tool call's answer is a stream: its progress notifications,
+        # then its result), not until the view returns
+        held = contextlib.ExitStack()
+        work = held.enter_context(disconnects.watching(disconnected, getattr(g, "request_id", key)))
+        endpoint.calls[key] = work
+        held.callback(endpoint.calls.pop, key, None)
+        try:
+            resp = Response.from_app(endpoint.wsgi(streamed), environ, buffered=not streamed)
+        except BaseException:
+            held.close()
+            raise
+        resp.call_on_close(held.close)
+        for name in HOP_BY_HOP:  # the SDK's event stream says `Connection: keep-alive`: the server's to say (PEP 3333)
+            resp.headers.pop(name, None)
+        return resp
 
     app.add_url_rule(PATH, "mcp", mcp, methods=["GET", "POST", "DELETE"])
 

@@ -33,6 +33,7 @@ from ..resources import public_file, resolve, sniff_mime
 from ..select import Selection, control_task_fixup
 from ..streamwork import StreamWork
 from ..uploads import UploadStore
+from . import progress as tool_progress
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,8 @@ class Tools:
         request = self.request(text, image, audio)
         holder: dict[str, RequestState] = {}
         with self.admitted():  # the whole pipeline: run's default mode, "answer"
-            answer = self.engine.run(request, state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
+            answer = self.engine.run(request, on_event=tool_progress.events(),
+                                     state_ready=lambda s: (holder.setdefault("state", s), watched(s)))
         state = holder["state"]  # handed over before anything runs
         with state.lock:
             results = {tid: state.results[tid] for tid in sorted(state.results)}
@@ -174,7 +176,8 @@ class Tools:
             request = ChatRequest(messages=[  # pragma: no mutate: nothing reads the words
                 {"role": "user", "content": f"run {planned.task} on {model}"},  # pragma: no mutate: ditto
             ])
-            state = RequestState(request, self.engine.llm_for(request), None, self.config.request_timeout)
+            state = RequestState(request, self.engine.llm_for(request), tool_progress.events(),
+                                 self.config.request_timeout)
             chosen: Future = Future()
             chosen.set_result(Selection(planned.id, planned.task, model, backend, "named by the caller"))
             state.selections[planned.id] = chosen
@@ -261,6 +264,14 @@ def call_of(ctx: Context | None, calls: Callable[[Any], StreamWork | None] | Non
         CALL.reset(token)
 
 
+def reporting(ctx: Context | None, call: Callable[[], CallToolResult]) -> CallToolResult:
+    """`call`, its tasks' progress sent as MCP progress notifications (the SDK sends none unless the client gave
+    a progress token)."""
+    if ctx is None:
+        return call()
+    return tool_progress.run_reporting(call, ctx.report_progress)
+
+
 def build_server(engine: HuggingGPT, calls: Callable[[Any], StreamWork | None] | None = None) -> MCPServer:
     """The four tools over `engine`, for either transport. calls: the StreamWork of a tool call from its
     Context (MCP over HTTP: cancelled when the client leaves); None over stdio."""
@@ -278,7 +289,7 @@ def build_server(engine: HuggingGPT, calls: Callable[[Any], StreamWork | None] |
         """Run a whole request: plan it as tasks, pick a model for each, run them and write the answer. Returns
         the answer, the generated images and audio, and every task's result (as JSON text)."""
         with call_of(ctx, calls):
-            return hugginggpt_call(text, image, audio)
+            return reporting(ctx, lambda: hugginggpt_call(text, image, audio))
 
     @server.tool(name="plan", title="Plan without running", annotations=read_only)
     def plan(text: Text, image: ImageArg = None, audio: AudioArg = None, ctx: Context | None = None) \
@@ -300,7 +311,7 @@ def build_server(engine: HuggingGPT, calls: Callable[[Any], StreamWork | None] |
         """Run one task on the model you name, through the server's backends (local models server and/or
         hosted inference), under the same URL policy, allowed models and limits as a planned task."""
         with call_of(ctx, calls):
-            return run_call(task, model, text, image, audio)
+            return reporting(ctx, lambda: run_call(task, model, text, image, audio))
 
     @server.tool(name="search_models", title="Search the model catalog", annotations=read_only)
     def search_models(
