@@ -100,3 +100,90 @@ def test_a_party_added_after_the_slot_went_back_is_refused_by_name():
     with pytest.raises(RuntimeError, match="^the slot was given back already$"):
         release.add("late")
     assert slots.acquire(blocking=False) and not slots.acquire(blocking=False)
+
+
+class Cancellable:
+    """A request's state as StreamWork sees it: something to cancel."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the pipeline's own error
+def test_work_that_fails_still_gives_its_slot_back_and_runs_in_the_request_s_context():
+    import contextvars
+
+    from hugginggpt.streamwork import StreamWork
+
+    slots = local_slots(1)
+    take(slots, 1)
+    slot = ReleaseWhenAll(slots, "response")
+    request_id = contextvars.ContextVar("request_id", default="none")
+    request_id.set("abc123")
+    seen: list[str] = []
+
+    def pipeline() -> None:
+        seen.append(request_id.get())  # the log lines of the stream's thread name its request
+        raise RuntimeError("the LLM is down")
+
+    thread = StreamWork("r4").start(pipeline, slot, "test-work")
+    thread.join(10)
+    assert thread.daemon  # a stream still running never keeps the server from exiting
+    assert seen == ["abc123"]
+    slot.done("response")
+    assert free(slots), "a failed pipeline kept its slot: after max_concurrent_requests of them every request is a 429"
+
+
+def test_the_disconnect_watch_cancels_work_whose_client_left_and_forgets_requests_that_ended():
+    from hugginggpt.streamwork import DisconnectWatch
+
+    watch = DisconnectWatch(period=0.01)
+    left = threading.Event()
+    state = Cancellable()
+    with watch.watching(left.is_set, "r5") as work:
+        work.state_ready(state)
+        assert not state.cancelled.wait(0.1)
+        left.set()
+        assert state.cancelled.wait(5)
+
+    with pytest.raises(ValueError), watch.watching(lambda: False, "r6"):
+        raise ValueError("the request failed")
+    assert watch._watched == {}  # noqa: SLF001 - a failed request is not polled for ever
+
+    def broken() -> bool:
+        raise KeyError("the channel is closed and cannot say")
+
+    other = Cancellable()
+    with watch.watching(broken, "r7") as work:  # a channel that fails to say is gone, and the watch goes on
+        work.state_ready(other)
+        assert other.cancelled.wait(5)
+        later = Cancellable()
+        gone = threading.Event()
+        with watch.watching(gone.is_set, "r8") as next_work:
+            next_work.state_ready(later)
+            gone.set()
+            assert later.cancelled.wait(5), "the watch thread died on a channel that failed to say"
+
+
+def test_a_watch_whose_thread_could_not_start_tries_again_on_the_next_request(monkeypatch):
+    from hugginggpt.streamwork import DisconnectWatch
+
+    watch = DisconnectWatch(period=0.01)
+    real_start = threading.Thread.start
+
+    def no_threads(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_threads)
+    with pytest.raises(RuntimeError), watch.watching(lambda: False, "r9"):
+        pass
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    left = threading.Event()
+    state = Cancellable()
+    with watch.watching(left.is_set, "r10") as work:
+        work.state_ready(state)
+        left.set()
+        assert state.cancelled.wait(5), "disconnects were never noticed again after one failed start"
