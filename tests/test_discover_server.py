@@ -112,3 +112,52 @@ def test_without_local_discovery_an_unlisted_id_is_unknown(tmp_path, mode):
     assert resp.status_code == 404 and "unknown model" in resp.get_json()["error"]["message"]
     assert client.get(f"/status/{NER}").get_json() == {"loaded": False, "in_memory": False}
     assert client.get("/models").get_json()["discovered_models"] == mode
+
+
+def big_token_classifier(folder: Path) -> None:
+    """The tiny tokenizer and a BERT whose feed-forward layers make about 31 MB of weights: over three of
+    huggingface_hub's 10 MiB download chunks, so a download reports its bytes more than once."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    from tests.tiny_models import WORDS, bert_tokenizer
+
+    torch.manual_seed(0)
+    bert_tokenizer(folder)
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    BertForTokenClassification(BertConfig(
+        vocab_size=len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64000,
+        max_position_embeddings=128, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def test_a_watched_first_use_shows_the_download_s_bytes_rising_to_its_total_then_the_load(served):
+    import json
+
+    url, hub, folder, _ = served
+    big = "tiny-org/big-ner"
+    big_token_classifier(folder / "big-src")
+    hub.repos.add(big, tiny_files(folder / "big-src"), pipeline_tag="token-classification")
+    weights = len((folder / "big-src" / "model.safetensors").read_bytes())
+    assert weights > 30 * 2**20
+    hub.repos.paces["model.safetensors"] = 0.03  # a MiB every 30 ms: about a second for the whole file
+    try:
+        resp = requests.post(f"{url}/models/{big}", json={"text": "anna lives in berlin"}, timeout=120,
+                             headers={"Accept": "text/event-stream"}, stream=True)
+        events, name = [], None
+        for line in resp.iter_lines(decode_unicode=True):
+            if line.startswith("event: "):
+                name = line[len("event: "):]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[len("data: "):])))
+    finally:
+        hub.repos.paces.clear()
+    assert events[-1][0] == "result" and events[-1][1][0]["word"], events[-1]
+    phases = [e["phase"] for name, e in events if name == "progress"]
+    assert phases[0] == "downloading" and phases.index("loading") > phases.index("downloading")
+    readings = [(e["bytes"], e["total_bytes"]) for name, e in events if name == "progress" and "bytes" in e]
+    assert len(readings) >= 3, readings  # 10 MiB, 20 MiB, 30 MiB and the rest
+    assert [b for b, _ in readings] == sorted(b for b, _ in readings) and readings[0][0] < readings[-1][0]
+    assert readings[-1] == (weights, weights)  # rising to the total, which is the weights' size
+    assert all(0 < e["fraction"] <= 1 for name, e in events if name == "progress" and "bytes" in e)
+    assert hub.repos.downloads_of(big, "model.safetensors") == 1

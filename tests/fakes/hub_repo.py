@@ -28,7 +28,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,14 @@ _RESOLVE = re.compile(r"^/(?P<id>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+
 _CDN = re.compile(r"^/cdn/(?P<sha256>[0-9a-f]{64})$")
 
 
+def paced(data: bytes, seconds: float, piece: int = 2**20) -> Iterator[bytes]:
+    """`data` a MiB at a time, `seconds` apart."""
+    for at in range(0, len(data), piece):
+        if at:
+            time.sleep(seconds)
+        yield data[at:at + piece]
+
+
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
@@ -52,6 +60,7 @@ class HubResponse:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    pieces: Iterator[bytes] | None = None  # the body sent piece by piece (FakeHubRepos.paces), else at once
 
     @classmethod
     def json(cls, value: Any, status: int = 200, headers: dict[str, str] | None = None) -> HubResponse:
@@ -146,6 +155,8 @@ class FakeHubRepos:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[tuple[str, str]] = []
         self.delays: dict[str, float] = {}  # file name -> seconds its download (GET) waits before answering
+        # file name -> seconds between the MiB pieces of its download (GET), as a slow link delivers a big file
+        self.paces: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def add(self, repo_id: str, files: Mapping[str, bytes] | Path, *, pipeline_tag: str | None,
@@ -255,7 +266,9 @@ class FakeHubRepos:
         out = {**base, "Content-Type": "application/octet-stream", "Content-Length": str(len(body))}
         if start:
             out["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        return HubResponse(206 if start else 200, out, b"" if method == "HEAD" else body)
+        pace = self.paces.get(name) if method == "GET" else None
+        return HubResponse(206 if start else 200, out, b"" if method == "HEAD" else body,
+                           paced(body, pace) if pace else None)
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
         """A WSGI app of these routes alone (404 for anything else)."""
@@ -269,7 +282,7 @@ class FakeHubRepos:
             resp = HubResponse.error(404, "NotFound", "no such route on the fake Hub")
         reason = {200: "OK", 206: "Partial Content", 302: "Found", 403: "Forbidden", 404: "Not Found"}
         start_response(f"{resp.status} {reason.get(resp.status, 'Status')}", list(resp.headers.items()))
-        return [resp.body]
+        return resp.pieces if resp.pieces is not None else [resp.body]
 
 
 class _Quiet(WSGIRequestHandler):
