@@ -273,3 +273,70 @@ def test_the_models_server_refuses_a_body_without_its_token_or_over_its_limit_be
     assert requests.get(models_url + "/running", headers=auth, timeout=5).ok
     small = requests.post(models_url + path, json={"text": "hi"}, headers=auth, timeout=30)
     assert small.status_code == 404 and "unknown model" in small.json()["error"]["message"]  # read and judged
+
+
+def test_body_bytes_that_came_with_refused_headers_are_never_read_as_a_request(models_url):
+    """A refusal takes what came in the same packet: a request hidden in the body is not answered."""
+    hidden = b"GET /running HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + MODELS_TOKEN.encode() + b"\r\n\r\n"
+    head = request_head("POST", "/models/dslim/bert-base-NER", {**JSON, "Content-Length": str(len(hidden))})
+    sock = socket.create_connection(address(models_url), timeout=5)
+    try:
+        sock.sendall(head.encode("latin-1") + hidden)  # one write: headers and body arrive together
+        raw = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not data:
+                break
+            raw += data
+    finally:
+        sock.close()
+    assert raw.startswith(b"HTTP/1.1 401 ")
+    assert raw.count(b"HTTP/1.1 ") == 1, raw  # no second answer: the hidden GET was never parsed
+
+
+def test_a_refused_connection_whose_client_stays_is_closed_after_the_linger(models_url):
+    """The client reads its 401 and the end of the answer, then keeps the connection open and silent: the server
+    closes it once the linger (2 s) is over, not when its idle timeout (60 s) ends."""
+    head = request_head("POST", "/models/dslim/bert-base-NER", {**JSON, "Content-Length": "100"})
+    sock = socket.create_connection(address(models_url), timeout=5)
+    try:
+        sock.sendall(head.encode("latin-1"))
+        raw = b""
+        while not raw.endswith(b"}") or b"\r\n\r\n" not in raw:
+            data = sock.recv(65536)
+            if not data:
+                break
+            raw += data
+        assert raw.startswith(b"HTTP/1.1 401 ")
+        time.sleep(4.5)  # linger 2 s, then the sweep (each second)
+        closed = False
+        for _ in range(20):  # to a socket the server has closed, the second write at most is refused
+            try:
+                sock.send(b"x" * 100)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.1)
+        assert closed, "the server still held a refused connection 4.5 s after refusing it"
+    finally:
+        sock.close()
+
+
+def test_a_client_that_sends_its_whole_body_before_reading_still_gets_its_refusal(models_url):
+    """As `requests` does: the body (under the linger's MiB) goes out whole, then the answer is read; here also
+    streamed from a generator, piece by piece, as an upload of a file being read. The server drains what comes
+    after refusing, so the client sees the 401, not a connection reset under its feet."""
+    path = models_url + "/models/dslim/bert-base-NER"
+
+    def slowly():
+        for _ in range(16):  # 512 KB, 32 KB every 20 ms
+            yield b"x" * 32768
+            time.sleep(0.02)
+
+    for body in (b"x" * 200_000, b"x" * 900_000, slowly()):
+        resp = requests.post(path, data=body, headers={**JSON}, timeout=30)
+        assert resp.status_code == 401
+        assert "models_server_token" in resp.json()["error"]["message"]

@@ -1,0 +1,61 @@
+"""httpbody.py in-process: the gate's judgement and the listeners' sweep (the servers: test_body_limits.py)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from hugginggpt.httpbody import BodyGate, Refusal, guard_bodies, headers_of
+
+
+class Listener:
+    """What guard_bodies uses of a waitress listener: its channel class, its maintenance and its channels."""
+
+    class Channel:
+        parser_class = object
+
+    def __init__(self) -> None:
+        self.channel_class = self.Channel
+        self.swept: list[float] = []
+        self.active_channels: dict[int, SimpleNamespace] = {}
+
+    def maintenance(self, now: float) -> None:
+        self.swept.append(now)
+
+
+def test_each_listener_sweeps_its_own_connections_after_their_linger():
+    ipv4, ipv6 = Listener(), Listener()  # `localhost` listens on both
+    guard_bodies([ipv4, ipv6], BodyGate(10))
+    assert ipv4.channel_class is ipv6.channel_class  # one guarded class per waitress class
+    assert ipv4.channel_class.__name__ == "GuardedChannel"
+    now = time.monotonic()
+    over = SimpleNamespace(linger_until=now - 0.1, will_close=False)  # its linger ended
+    lingering = SimpleNamespace(linger_until=now + 60, will_close=False)
+    plain = SimpleNamespace(will_close=False)  # never refused
+    ipv4.active_channels = {1: over, 2: plain}
+    ipv6.active_channels = {3: lingering}
+    ipv4.maintenance(5.0)
+    assert ipv4.swept == [5.0] and ipv6.swept == []  # waitress's own maintenance, of this listener
+    assert over.will_close and not plain.will_close and not lingering.will_close
+    late = SimpleNamespace(linger_until=now - 0.1, will_close=False)
+    ipv6.active_channels[4] = late
+    ipv6.maintenance(6.0)
+    assert ipv6.swept == [6.0] and late.will_close and not lingering.will_close
+
+
+def test_the_gate_judges_the_token_before_the_length_and_reads_headers_as_the_app_does():
+    seen = []
+
+    def check(method, path, headers):
+        seen.append((method, path, headers.get("Authorization"), headers.get("Content-Type")))
+        return None if headers.get("Authorization") == "Bearer t" else Refusal(401, "no token")
+
+    gate = BodyGate(100, check)
+    raw = headers_of({"AUTHORIZATION": "Bearer x", "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": "999"})
+    assert gate.judge("POST", "/tasks", raw, 999) == Refusal(401, "no token")  # no hint of the limit first
+    assert seen == [("POST", "/tasks", "Bearer x", "application/json")]
+    good = headers_of({"AUTHORIZATION": "Bearer t"})
+    assert gate.judge("POST", "/tasks", good, 100) is None  # at the limit: allowed
+    assert gate.judge("POST", "/tasks", good, 101) == Refusal(413, "request body is larger than 100 bytes")
+    assert gate.judge("POST", "/tasks", good, None) is None  # chunked: judged as it comes
+    assert BodyGate(5, too_large_kind=None).too_large() == Refusal(413, "request body is larger than 5 bytes", None)
