@@ -162,3 +162,44 @@ def test_the_checks_themselves():
     assert top_level_id('{"method": "x", "params": {"id": 5}, "id": "abc", ') == "abc"
     assert top_level_id('{"id": true}') is None and top_level_id('[{"id": 1}]') is None
     assert top_level_id('{"a": "\\"id\\"", "id": 7') == 7
+
+
+def test_an_oversized_line_is_answered_once_and_its_remainder_never_read_as_lines(client):
+    """The rest of a skipped line is dropped whatever it holds: no error for each piece of it, and a message that
+    happens to stand at the end of it is not run."""
+    hidden = client.request("tools/list", ident=53)  # after the cut: must not be answered
+    client.send(f'{{"jsonrpc":"2.0","id":52,"method":"x","params":{{"pad":"{"y" * (2 * MAX_BODY)}"}}}} {hidden}')
+    assert client.error_for(52)["code"] == INVALID_REQUEST
+    client.still_answers()
+    time.sleep(0.5)
+    client.still_answers()
+    stray = [m for m in client.seen if m.get("id") in (None, 53)]
+    assert stray == [], stray
+
+
+def test_the_checks_answer_each_message_of_a_crowded_line_up_to_the_limit_and_read_ids_at_the_top_only():
+    from hugginggpt.mcp.lines import MAX_DEPTH, MAX_REPLIES, TOO_DEEP
+
+    crowded = " ".join(json.dumps({"jsonrpc": "2.0", "id": k, "method": "ping"}) for k in range(MAX_REPLIES + 20))
+    errors = check_line(crowded)
+    assert [e.id for e in errors] == list(range(MAX_REPLIES))  # every one of the first 100 gets its answer
+    assert top_level_id('{"method": "x", "params": {"a": 1, "id": 5}, "id": "abc"') == "abc"
+    assert top_level_id('{"params": {"a": 1, "id": 5}, "x": [1, {"b": 2, "id": 6}]') is None
+    # nesting: an unreadable message one level past the limit is "too deep"; at the limit, it is what it is
+    for levels, deep in ((MAX_DEPTH + 1, True), (MAX_DEPTH, False)):
+        line = '{"id": 3, "x": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"  # the object is a level too
+        (only,) = check_line(line)
+        assert only.id == 3
+        assert (only.error.message == TOO_DEEP) is deep, only.error.message
+
+
+def test_the_config_may_come_from_the_environment(tmp_path):
+    """An MCP host's config block sets env more easily than args: $HUGGINGGPT_CONFIG names the config."""
+    import os
+
+    bad = tmp_path / "host-config.yaml"
+    bad.write_text("request_timeout: soon\n")
+    run = subprocess.run([sys.executable, "-m", "hugginggpt.mcp"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "HUGGINGGPT_CONFIG": str(bad)}, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2 and run.stdout == ""  # stdout is the protocol's
+    assert run.stderr.startswith(f"config error: {bad}") and "request_timeout" in run.stderr
