@@ -203,3 +203,84 @@ def test_the_config_may_come_from_the_environment(tmp_path):
                          timeout=60, env={**os.environ, "HUGGINGGPT_CONFIG": str(bad)}, stdin=subprocess.DEVNULL)
     assert run.returncode == 2 and run.stdout == ""  # stdout is the protocol's
     assert run.stderr.startswith(f"config error: {bad}") and "request_timeout" in run.stderr
+
+
+@pytest.fixture
+def quiet_main(monkeypatch):
+    """stdio.main in this process, its logging set-up and stdio serving replaced: (main, what `serve` was given)."""
+    from hugginggpt import cli, logs
+    from hugginggpt.mcp import stdio
+
+    monkeypatch.setattr(logs, "setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "quiet_libraries", lambda: None)
+    served: list[Any] = []
+
+    async def serve(server, max_line_bytes):
+        served.append(max_line_bytes)
+
+    monkeypatch.setattr(stdio, "serve", serve)
+    monkeypatch.delenv("HUGGINGGPT_CONFIG", raising=False)
+    return stdio.main, served
+
+
+def local_config(folder, **extra) -> str:
+    lines = ['local: {endpoint: "http://127.0.0.1:9/v1"}', "dev: true", "model: scripted", f"root: {ROOT}",
+             "semantic_ranking: false", f"catalog_store: {folder / 'catalog.sqlite'}",
+             *(f"{k}: {v}" for k, v in extra.items())]
+    path = folder / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_main_reads_the_arguments_it_is_given_and_keeps_stdout_for_the_protocol(quiet_main, tmp_path, capsys):
+    main, served = quiet_main
+    config = local_config(tmp_path, nonsense_key=1, max_body_bytes=123456)
+    assert main(["--config", config, "--strict"]) == 2  # --strict: an unknown key is an error
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith(f"config error: {config}") and "nonsense_key" in out.err
+    assert served == []
+    assert main(["--config", config]) == 0  # a warning, on stderr, then it serves (bytes, not KiB)
+    out = capsys.readouterr()
+    assert out.out == "" and "warning:" in out.err and "nonsense_key" in out.err
+    assert served == [123456]
+
+
+def test_a_config_problem_found_while_building_the_engine_is_a_config_error_too(quiet_main, tmp_path, capsys):
+    main, served = quiet_main
+    config = local_config(tmp_path, demos_or_presteps="{parse_task: no-such-demos.json}")
+    assert main(["--config", config]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: ") and "no-such-demos.json" in err and "Traceback" not in err
+    assert served == []
+
+
+def test_the_server_s_own_failure_is_not_a_clean_exit_and_its_warm_up_never_holds_the_exit(quiet_main, monkeypatch,
+                                                                                         tmp_path):
+    import threading as threads
+
+    from hugginggpt.chat import HuggingGPT
+    from hugginggpt.mcp import stdio
+
+    main, _ = quiet_main
+    warmed: list[bool] = []
+    monkeypatch.setattr(HuggingGPT, "warm", lambda self: warmed.append(threads.current_thread().daemon))
+
+    async def broken(server, max_line_bytes):
+        raise RuntimeError("the transport broke")
+
+    monkeypatch.setattr(stdio, "serve", broken)
+    with pytest.raises(RuntimeError, match="the transport broke"):  # a traceback and a non-zero exit, not 0
+        main(["--config", local_config(tmp_path)])
+    deadline = time.monotonic() + 5
+    while not warmed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert warmed == [True]  # a daemon: a host that closes stdin sees the server exit at once
+
+
+def test_without_a_config_named_it_reads_the_project_s_default(quiet_main, monkeypatch, capsys):
+    main, _ = quiet_main
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main([]) == 2  # the default config needs an OpenAI key
+    err = capsys.readouterr().err
+    assert err.startswith("config error: configs/config.default.yaml: `openai.api_key` is missing"), err
