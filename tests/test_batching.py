@@ -268,3 +268,23 @@ def test_a_batch_answers_what_each_request_gets_alone(pool, model_id):
     assert not any(close(a, b) for k, a in enumerate(alone) for b in alone[k + 1:]), alone
     with pytest.raises(BadRequest):
         batchable.prepare(Inputs(body={"txt": "typo"}, public_dir=Path(public)))
+
+
+def test_a_partly_filled_batch_waits_at_most_wait_s_for_company():
+    """After a batch with company, a caller alone waits batch_wait_ms (here 50 ms) for more, then runs: the wait
+    is seconds as given, measured on one clock, and ends however few came."""
+    batcher = Batcher(max_size=8, wait_s=0.05)
+    primed: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not primed:
+            until_gathered(batcher, "m", 2)
+        primed.append(len(items))
+        return items
+
+    submit_all(batcher, [0, 1, 2], run)
+    assert primed == [1, 2]  # company seen: the next caller alone waits for more
+    started = time.monotonic()
+    assert batcher.submit("m", 7, lambda items: items) == (7, 1)
+    waited = time.monotonic() - started
+    assert 0.04 <= waited < 1.0, waited  # its 50 ms, not nothing and not 50 s
