@@ -188,6 +188,9 @@ def test_batcher_refuses_nonsense_settings():
         Batcher(max_size=0, wait_s=0.01)
     with pytest.raises(ValueError):
         Batcher(max_size=4, wait_s=-1)
+    # the edges are allowed: batch_wait_ms 0 (never wait for company) and a batch of one (no batching)
+    assert submit_all(Batcher(max_size=4, wait_s=0), [1, 2], lambda items: items)[0][0] is True
+    assert Batcher(max_size=1, wait_s=0).submit("m", 5, lambda items: items) == (5, 1)
 
 
 # -- each batchable task: a batch gives what the handler gives one input at a time -------------------------------
