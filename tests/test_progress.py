@@ -369,3 +369,20 @@ def test_an_mcp_client_with_a_progress_token_gets_each_step_as_a_rising_notifica
     assert [p for p, _, _ in first] == [round(k / 25, 4) for k in range(1, 26)] and {t for _, t, _ in first} == {1.0}
     assert len(second) == 25 and second[-1][0] == 1.0  # run_model's one task, and nothing from the quiet call
 
+
+
+def test_watched_calls_share_one_kept_alive_connection_to_the_models_server(box, tmp_path):
+    from hugginggpt import taskprogress
+    from hugginggpt.backends import TaskInputs
+    from hugginggpt.backends.local import LocalModelsServer
+
+    url, _, _ = box
+    client = LocalModelsServer(url, make_public(tmp_path / "public"))
+    heard: list[dict] = []
+    with taskprogress.listening(heard.append):
+        for _ in range(3):
+            out = client.infer(SD, TaskInputs("text-to-image", text="a red square"))
+            assert "generated image" in out, out
+    assert [e["step"] for e in heard if "step" in e] == list(range(1, 26)) * 3
+    pool = client._http.connection_from_url(url)  # noqa: SLF001
+    assert pool.num_connections == 1  # each stream read to its end and its connection given back

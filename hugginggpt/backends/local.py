@@ -112,7 +112,7 @@ class LocalModelsServer:
                                             read=self.task_timeout,  # pragma: no mutate: the deadline comes first
                                             ),
                     preload_content=listen is None)
-                status, data = (resp.status, resp.data) if listen is None else read_events(resp, listen)
+                status, data = (resp.status, resp.data) if listen is None else answer_of_stream(resp, listen)
             except urllib3.exceptions.NewConnectionError:  # a subclass of TimeoutError, but nothing timed out
                 raise BackendError("the local models server is unreachable (ConnectionError)") from None
             except urllib3.exceptions.TimeoutError:
@@ -196,6 +196,18 @@ class LocalModelsServer:
             raise BackendError(f"copying {named} from the models server failed ({_cause(exc)})") from None
         ext = name.rpartition(".")[2] if "." in name else "bin"
         return save_bytes(self.public_dir, _KIND_OF_DIR[folder], b"".join(chunks), ext)
+
+
+def answer_of_stream(resp: Any, listen: Any) -> tuple[int, bytes]:
+    """The call's answer from its event stream; the connection goes back to the pool once the stream has ended
+    (a connection left half-read would be dropped: a new one for every watched call), or is closed on a failure."""
+    try:
+        answer = read_events(resp, listen)
+    except BaseException:
+        resp.close()
+        raise
+    resp.drain_conn()  # the stream's end follows its answer at once
+    return answer
 
 
 def _cause(exc: urllib3.exceptions.HTTPError) -> str:
