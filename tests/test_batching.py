@@ -291,3 +291,36 @@ def test_a_partly_filled_batch_waits_at_most_wait_s_for_company():
     assert batcher.submit("m", 7, lambda items: items) == (7, 1)
     waited = time.monotonic() - started
     assert 0.04 <= waited < 1.0, waited  # its 50 ms, not nothing and not 50 s
+
+
+def test_past_the_remembered_keys_a_running_model_is_never_forgotten(monkeypatch):
+    """Idle keys are forgotten past MAX_KEYS; a key whose batch is running is not, so a new caller of that model
+    waits for it instead of starting a second batch of the same model at once."""
+    import hugginggpt.modelhost.batching as batching
+
+    monkeypatch.setattr(batching, "MAX_KEYS", 2)
+    batcher = Batcher(max_size=4, wait_s=0)
+    running, peak = [0], [0]
+    entered, release = threading.Event(), threading.Event()
+
+    def run_a(items):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        entered.set()
+        release.wait(10)
+        running[0] -= 1
+        return items
+
+    first = threading.Thread(target=lambda: batcher.submit("a", 1, run_a))
+    first.start()
+    assert entered.wait(10)
+    entered.clear()
+    for other in ("b", "c", "d"):  # other models come and go meanwhile
+        assert batcher.submit(other, 1, lambda items: items) == (1, 1)
+    second = threading.Thread(target=lambda: batcher.submit("a", 2, run_a))
+    second.start()
+    assert not entered.wait(0.3), "a second batch of a running model started"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert peak == [1] and entered.is_set()
