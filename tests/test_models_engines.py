@@ -20,12 +20,13 @@ from PIL import Image
 
 from tests.conftest import ROOT, make_public
 from tests.test_models_server import start_models_server
-from tests.tiny_models import image_classifier, text_classifier
+from tests.tiny_models import image_classifier, text_classifier, tiny_stable_diffusion
 
 TOKEN = "engine-token-1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TEXT = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"
 IMAGE = "google/vit-base-patch16-224"
+SD = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 RAY_MISSING = importlib.util.find_spec("ray") is None
 
 
@@ -36,9 +37,11 @@ def engine(request, tmp_path_factory):
     models = folder / "models"
     text_classifier(models / TEXT)
     image_classifier(models / IMAGE)
+    tiny_stable_diffusion(models / SD)
     public = make_public(folder / "public")
     try:
         proc, url = start_models_server(folder, models, public, token=TOKEN, engine=request.param, replicas=2,
+                                        deployment="full",
                                         extra=("batch_wait_ms: 200",))  # time for a burst to gather, on both
     except RuntimeError as exc:
         pytest.fail(str(exc))
@@ -175,3 +178,25 @@ def test_the_catalog_gives_gpu_shares_for_ray():
     assert shares["stable-diffusion-v1-5/stable-diffusion-v1-5"] == 0.5 and shares["canny-control"] == 0.0
     assert shares[TEXT] == 0.25
     assert Path(ROOT / "requirements-ray.txt").read_text().count("ray[serve]") == 1
+
+
+def test_a_watched_diffusion_call_streams_its_steps_then_its_file(engine):
+    """Accept: text/event-stream: the steps as the pipeline runs them (in a Ray replica too), then the result."""
+    import json
+
+    name, url, public = engine
+    resp = requests.post(f"{url}/models/{SD}", json={"text": "a red square", "steps": 6}, timeout=120, stream=True,
+                         headers={**AUTH, "Accept": "text/event-stream"})
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+    events, event = [], None
+    for line in resp.iter_lines(decode_unicode=True):
+        if line.startswith("event: "):
+            event = line[len("event: "):]
+        elif line.startswith("data: "):
+            events.append((event, json.loads(line[len("data: "):])))
+    assert [e["step"] for kind, e in events if kind == "progress" and "step" in e] == [1, 2, 3, 4, 5, 6], events
+    assert events[-1][0] == "result"
+    path = events[-1][1]["path"]
+    assert (public / path.lstrip("/")).is_file()  # written into the front's public/ (from the replica's bytes)
+    plain = post(url, SD, {"text": "a red square", "steps": 2})
+    assert plain.status_code == 200 and plain.json()["path"].startswith("/images/")

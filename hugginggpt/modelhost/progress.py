@@ -97,6 +97,15 @@ class Watch:
                     "fraction": round(min(done / total, 1.0), 4) if total else None})
 
 
+    def relay(self, event: dict[str, Any]) -> None:
+        """An event another process's watch made (a Ray replica's), passed on as it is. Raises Cancelled once the
+        client has left, which ends the relaying call (and with it the replica's work)."""
+        if self.stopped:
+            raise Cancelled("the client left while the model ran")
+        self._last_phase = (event.get("phase"), event.get("waiting"))
+        self._emit(event)
+
+
 CURRENT: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("modelhost_progress", default=None)
 
 

@@ -22,14 +22,17 @@ import asyncio
 import logging
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ..cancel import Cancelled
 from ..errors import BadRequest
 from ..resources import OUTPUT_PATH, resolve
 from .batching import batch_size_var, each_or_batch
 from .handlers import BATCHABLE, Inputs
 from .pool import InferenceFailed, ModelUnavailable
+from .progress import QUEUED, Watch, current, watching
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,44 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             lock = self.locks.setdefault(model_id, asyncio.Lock())
             async with lock:  # one request at a time per model, as in the single-process server
                 return await asyncio.to_thread(self._run, loaded, body)
+
+        async def infer_watched(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+            """`infer` for a watched call: its progress events ({"progress": ...}) as the run makes them, then
+            {"answer": what infer answers}. Streamed to the front (`handle.options(stream=True)`)."""
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+            watch = Watch(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            model_id = serve.get_multiplexed_model_id()
+            try:
+                loaded = await self.get_model(model_id)
+            except ModelUnavailable as exc:
+                yield {"answer": {"error": {"kind": "unavailable", "message": str(exc)}}}
+                return
+            if max_batch_size > 1 and loaded.spec.task in BATCHABLE:
+                watch.phase(QUEUED, "in a batch with other requests for this model")
+                yield {"progress": await events.get()}
+                yield {"answer": await self.batched((model_id, body))}
+                return
+            lock = self.locks.setdefault(model_id, asyncio.Lock())
+            if lock.locked():
+                yield {"progress": {"phase": QUEUED, "waiting": f"{model_id} is running another request"}}
+            async with lock:
+                run = asyncio.ensure_future(asyncio.to_thread(self._run_watched, loaded, body, watch))
+                try:
+                    while not run.done() or not events.empty():
+                        getter = asyncio.ensure_future(events.get())
+                        await asyncio.wait({run, getter}, return_when=asyncio.FIRST_COMPLETED)
+                        if getter.done():
+                            yield {"progress": getter.result()}
+                        else:
+                            getter.cancel()
+                finally:
+                    watch.stop()  # the front went away (the generator closed): the run ends at its next step
+                yield {"answer": await run}
+
+        def _run_watched(self, loaded: Any, body: dict[str, Any], watch: Watch) -> dict[str, Any]:
+            with watching(watch):
+                return self._run(loaded, body)
 
         @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
         async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -125,6 +166,8 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                     result = handle(loaded.spec.task, loaded, inputs)
                 except (BadRequest, ResourceError) as exc:
                     return {"error": {"kind": "bad_request", "message": str(exc)}}
+                except Cancelled:
+                    return {"error": {"kind": "cancelled", "message": f"{loaded.spec.id} was stopped: its client left"}}
                 except Exception as exc:  # noqa: BLE001 - the model's failure, reported to the front
                     log.exception("inference with %s failed", loaded.spec.id)
                     return {"error": {"kind": "failed", "message": f"{exc.__class__.__name__}: {str(exc)[:300]}"}}
@@ -189,13 +232,19 @@ class RayEngine:
             if isinstance(body.get(key), str) and body[key]:
                 body[key] = resolve(body[key], inputs.public_dir, inputs.max_bytes, inputs.timeout,
                                     policy=inputs.policy).data_uri()
-        handle = self.handles[self.gpu_share(spec, self.device_name)]
-        out = handle.options(multiplexed_model_id=spec.id).infer.remote(body).result(timeout_s=self.timeout)
+        handle = self.handles[self.gpu_share(spec, self.device_name)].options(multiplexed_model_id=spec.id)
+        watch = current()
+        if watch is None:
+            out = handle.infer.remote(body).result(timeout_s=self.timeout)
+        else:  # the replica's progress, passed on as it comes; then its answer
+            out = self._watched(handle, body, watch)
         batch_size_var.set(out.get("batch", 1))
         error = out.get("error")
         if error:
             if error["kind"] == "bad_request":
                 raise BadRequest(error["message"])
+            if error["kind"] == "cancelled":
+                raise Cancelled(error["message"])
             if error["kind"] == "unavailable":
                 raise ModelUnavailable(error["message"])
             raise InferenceFailed(error["message"])
@@ -206,6 +255,17 @@ class RayEngine:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         return out["result"]
+
+    def _watched(self, handle: Any, body: dict[str, Any], watch: Watch) -> dict[str, Any]:
+        stream = handle.options(stream=True).infer_watched.remote(body)
+        try:
+            for item in stream:
+                if "answer" in item:
+                    return item["answer"]
+                watch.relay(item["progress"])  # raises Cancelled once the client has left
+        finally:
+            stream.cancel()  # a no-op once the stream has ended; else the replica's generator is closed
+        raise InferenceFailed("the replica's stream ended without an answer")
 
     def close(self) -> None:
         """Joined a cluster: remove our applications from it. Started Ray here: stop it, replicas included."""
