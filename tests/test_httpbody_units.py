@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -59,3 +60,30 @@ def test_the_gate_judges_the_token_before_the_length_and_reads_headers_as_the_ap
     assert gate.judge("POST", "/tasks", good, 101) == Refusal(413, "request body is larger than 100 bytes")
     assert gate.judge("POST", "/tasks", good, None) is None  # chunked: judged as it comes
     assert BodyGate(5, too_large_kind=None).too_large() == Refusal(413, "request body is larger than 5 bytes", None)
+
+
+def test_a_refusal_is_the_app_s_json_error_with_its_status_line_and_headers():
+    from http import HTTPStatus
+
+    from hugginggpt.httpbody import JsonError, plain_error
+
+    typed = Refusal(413, "request body is larger than 5 bytes")
+    assert plain_error("/tasks", typed) == {"error": {"message": "request body is larger than 5 bytes",
+                                                      "type": "invalid_request_error"}}
+    untyped = Refusal(401, "this models server needs a token", None)
+    assert plain_error("/models/x", untyped) == {"error": {"message": "this models server needs a token"}}
+    err = JsonError(typed, plain_error("/tasks", typed))
+    assert str(err) == "request body is larger than 5 bytes"  # what waitress logs
+    status, headers, body = err.to_response()
+    assert status == f"413 {HTTPStatus(413).phrase}"
+    assert dict(headers) == {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
+    assert json.loads(body) == {"error": {"message": "request body is larger than 5 bytes",
+                                          "type": "invalid_request_error"}}
+
+
+def test_a_gate_without_a_check_judges_the_length_alone():
+    gate = BodyGate(100)
+    headers = headers_of({"CONTENT_LENGTH": "101", "CONTENT_TYPE": "text/plain"})
+    assert headers.get("Content-Length") == "101" and headers.get("Content-Type") == "text/plain"
+    assert gate.judge("POST", "/upload", headers, 100) is None
+    assert gate.judge("POST", "/upload", headers, 101).status == 413
