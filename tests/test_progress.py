@@ -386,3 +386,27 @@ def test_watched_calls_share_one_kept_alive_connection_to_the_models_server(box,
     assert [e["step"] for e in heard if "step" in e] == list(range(1, 26)) * 3
     pool = client._http.connection_from_url(url)  # noqa: SLF001
     assert pool.num_connections == 1  # each stream read to its end and its connection given back
+
+
+def test_a_client_that_leaves_while_queued_is_never_run_for(box):
+    """B asks while A's run holds the model, hears `queued`, and leaves during that silence: when the model is
+    free, B's run stops at its first step instead of running all of its steps for nobody."""
+    url, _, proc = box
+
+    def stopped() -> int:
+        return proc.log_path.read_text().count("stopped: its client left")
+
+    before = stopped()
+    a = watch(url, SD, {"text": "first", "steps": 40})
+    a_lines = a.iter_lines(decode_unicode=True)
+    for line in a_lines:
+        if line.startswith("data: ") and '"step":1,' in line:
+            break  # A runs
+    b = watch(url, SD, {"text": "second", "steps": 150})
+    for line in b.iter_lines(decode_unicode=True):
+        if line.startswith("data: ") and '"queued"' in line:
+            break
+    b.close()  # B leaves while queued: its stream is silent, only the server's polling sees it go
+    assert any(line.startswith("event: result") for line in a_lines)  # A runs to its end
+    wait_until(lambda: stopped() > before, timeout=30, what="B's run to stop at its first step")
+    assert stopped() == before + 1

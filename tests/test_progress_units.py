@@ -163,9 +163,10 @@ def test_waiting_for_a_held_lock_says_queued_first_and_a_free_lock_says_nothing(
         assert not lock.locked() and sent == []
         lock.acquire()
         done = threading.Event()
+        said_while_waiting: list[bool] = []
 
-        def later():
-            done.wait(5)
+        def later():  # the other request ends its run only once this one has said it waits
+            said_while_waiting.append(done.wait(2))
             lock.release()
         threading.Thread(target=later).start()
 
@@ -176,6 +177,7 @@ def test_waiting_for_a_held_lock_says_queued_first_and_a_free_lock_says_nothing(
         with progress.waiting_for(lock, "the model is busy"):
             pass
     assert sent == [{"phase": "queued", "waiting": "the model is busy"}]
+    assert said_while_waiting == [True]  # said while it waited, not once the wait was over
     assert not lock.locked()
 
 
