@@ -324,3 +324,44 @@ def test_past_the_remembered_keys_a_running_model_is_never_forgotten(monkeypatch
     first.join(10)
     second.join(10)
     assert peak == [1] and entered.is_set()
+
+
+def test_two_models_of_one_task_never_share_a_batch(tmp_path):
+    """Concurrent requests for two text classifiers: each gets its own model's answer (the batch key holds the
+    model)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from hugginggpt.modelhost.engine import LocalEngine
+
+    class Pipe:
+        def __init__(self, name: str):
+            self.name = name
+
+        def __call__(self, inputs, **kwargs):
+            one = [{"label": self.name, "score": 1.0}]
+            return [one for _ in inputs] if isinstance(inputs, list) else one
+
+    class Pool:
+        registry, device = None, "cpu"
+
+        @contextmanager
+        def use(self, spec):
+            time.sleep(0.02)  # long enough for the other model's callers to gather
+            yield SimpleNamespace(obj=Pipe(spec.id), spec=spec)
+
+    engine = LocalEngine(Pool(), Batcher(max_size=8, wait_s=0.05))
+    specs = [ModelSpec(name, "text-classification", "pipeline", "minimal", "text-classification")
+             for name in ("org/model-a", "org/model-b")]
+    public = make_public(tmp_path / "public")
+    out: dict[int, object] = {}
+    gate = threading.Barrier(8)
+
+    def call(k: int) -> None:
+        gate.wait()
+        out[k] = engine.infer(specs[k % 2], Inputs(body={"text": f"text {k}"}, public_dir=public))
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert {k: v[0]["label"] for k, v in out.items()} == {k: specs[k % 2].id for k in range(8)}
