@@ -365,3 +365,37 @@ def test_two_models_of_one_task_never_share_a_batch(tmp_path):
     [t.start() for t in threads]
     [t.join(20) for t in threads]
     assert {k: v[0]["label"] for k, v in out.items()} == {k: specs[k % 2].id for k in range(8)}
+
+
+def test_an_item_that_runs_out_of_device_memory_in_a_batch_is_a_no_room_refusal(tmp_path):
+    """Out of memory inside a batch: each caller hit gets the pool's NoRoom (503 with Retry-After at the app,
+    the allocator's cache given back), not a 500 with the CUDA message."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from hugginggpt.modelhost.engine import LocalEngine
+    from hugginggpt.modelhost.pool import NoRoom
+
+    class Pipe:
+        def __call__(self, inputs, **kwargs):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    released: list[str] = []
+
+    class Pool:
+        registry, device = None, "cuda:0"
+
+        @contextmanager
+        def use(self, spec):
+            yield SimpleNamespace(obj=Pipe(), spec=spec)
+
+        def out_of_memory(self, spec):
+            released.append(spec.id)
+            return NoRoom(f"{spec.id} ran out of memory on cuda:0 while running this request")
+
+    engine = LocalEngine(Pool(), Batcher(max_size=8, wait_s=0.05))
+    spec = ModelSpec("org/big", "text-classification", "pipeline", "minimal", "text-classification")
+    public = make_public(tmp_path / "public")
+    with pytest.raises(NoRoom, match="ran out of memory"):
+        engine.infer(spec, Inputs(body={"text": "hi"}, public_dir=public))
+    assert released == ["org/big"]

@@ -37,10 +37,13 @@ def box(tmp_path_factory):
     proc.wait(10)
 
 
-def sse(resp: requests.Response) -> list[tuple[str, dict]]:
-    """The (event, data) pairs of a models-server stream, in order."""
+def sse(resp: requests.Response, within: float = 90.0) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a models-server stream, in order; the stream must end within `within` seconds
+    (its keep-alive comments would hold a per-read timeout open for ever)."""
     out, name = [], None
+    deadline = time.monotonic() + within
     for line in resp.iter_lines(decode_unicode=True):
+        assert time.monotonic() < deadline, f"the stream did not end within {within} s: {out[-3:]}"
         if line.startswith("event: "):
             name = line[len("event: "):]
         elif line.startswith("data: "):
