@@ -340,3 +340,36 @@ def test_a_client_that_sends_its_whole_body_before_reading_still_gets_its_refusa
         resp = requests.post(path, data=body, headers={**JSON}, timeout=30)
         assert resp.status_code == 401
         assert "models_server_token" in resp.json()["error"]["message"]
+
+
+def send_after_refusal(url: str, piece: int, pause: float, budget: float = 10.0) -> tuple[bytes, int, float]:
+    """Refused on its headers (no token), the client reads the answer and keeps sending body: (the answer, the
+    bytes sent after it until the server cut the connection, the seconds that took)."""
+    head = request_head("POST", "/models/dslim/bert-base-NER", {**JSON, "Content-Length": str(HUGE)})
+    sock = socket.create_connection(address(url), timeout=5)
+    try:
+        sock.sendall(head.encode("latin-1"))
+        raw = b""
+        while b"}" not in raw:
+            raw += sock.recv(65536)
+        sent, started = 0, time.monotonic()
+        block = b"\0" * piece
+        while time.monotonic() - started < budget:
+            try:
+                sent += sock.send(block)
+            except (BrokenPipeError, ConnectionResetError):
+                return raw, sent, time.monotonic() - started
+            time.sleep(pause)
+        return raw, sent, time.monotonic() - started
+    finally:
+        sock.close()
+
+
+def test_after_a_refusal_the_server_drains_a_mebibyte_or_two_seconds_then_cuts_the_client_off(models_url):
+    answer, sent, seconds = send_after_refusal(models_url, 65536, 0.002)  # a fast sender: about 30 MB/s
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert seconds < 1.9, f"a fast sender was cut after {seconds:.1f} s, not after its first MiB"
+    assert sent < 16 * 2**20  # a MiB drained, plus what the sockets' buffers held
+    answer, sent, seconds = send_after_refusal(models_url, 1024, 0.05)  # a slow one: 20 KB/s, never a MiB
+    assert answer.startswith(b"HTTP/1.1 401 ")
+    assert 1.5 < seconds < 6, f"a slow sender was cut after {seconds:.1f} s, not once the 2 s linger ended"

@@ -87,3 +87,92 @@ def test_a_gate_without_a_check_judges_the_length_alone():
     assert headers.get("Content-Length") == "101" and headers.get("Content-Type") == "text/plain"
     assert gate.judge("POST", "/upload", headers, 100) is None
     assert gate.judge("POST", "/upload", headers, 101).status == 413
+
+
+# -- the guarded parser, fed bytes as waitress feeds it ------------------------------------------------------------
+
+
+class Channel:
+    """What the guarded parser tells its channel: that a request of this connection was refused."""
+
+    refused = False
+
+
+def guarded_parser(gate: BodyGate, **adjust):
+    from waitress.adjustments import Adjustments
+    from waitress.channel import HTTPChannel
+
+    from hugginggpt.httpbody import guarded_channel_class
+
+    cls = guarded_channel_class(HTTPChannel, gate)
+    channel = Channel()
+    return cls.parser_class(channel, Adjustments(**adjust)), channel  # GuardedChannel.parser_class(self, adj)
+
+
+def token_check(method, path, headers):
+    if headers.get("Authorization") != "Bearer t":
+        return Refusal(401, f"{method} {path} needs the token", None)
+    return None
+
+
+def request(method: str = "POST", headers: dict | None = None, body: bytes = b"") -> bytes:
+    lines = [f"{method} /models/x HTTP/1.1", "Host: 127.0.0.1", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def test_a_refusal_takes_the_whole_packet_and_answers_in_the_app_s_json():
+    parser, channel = guarded_parser(BodyGate(1000, token_check))
+    hidden = b"GET /running HTTP/1.1\r\nHost: x\r\n\r\n"
+    data = request(headers={"Content-Length": str(len(hidden)), "Expect": "100-continue"}, body=hidden)
+    assert parser.received(data) == len(data)  # the body that came along is taken, never parsed as a request
+    assert parser.completed and channel.refused
+    assert parser.body_rcv is None and parser.expect_continue is False  # no "100 Continue" for an unread body
+    status, headers, body = parser.error.to_response()
+    assert status.startswith("401 ") and json.loads(body) == {"error": {"message": "POST /models/x needs the token"}}
+    assert parser.received(b"more") == 0  # completed: nothing more is taken
+
+
+def test_a_request_without_a_body_is_left_to_the_app_and_one_with_a_byte_is_judged():
+    parser, channel = guarded_parser(BodyGate(1000, token_check))
+    data = request("GET")
+    assert parser.received(data) == len(data)
+    assert parser.error is None and not channel.refused  # the app answers it (and keeps the connection)
+    parser, channel = guarded_parser(BodyGate(1000, token_check))
+    parser.received(request(headers={"Content-Length": "1"}, body=b"x"))
+    assert channel.refused and parser.error.code == 401
+    allowed, channel = guarded_parser(BodyGate(1000, token_check))
+    data = request(headers={"Content-Length": "2", "Authorization": "Bearer t"}, body=b"ok")
+    taken = allowed.received(data)  # the headers, then (as waitress calls it again) the body
+    assert allowed.received(data[taken:]) == 2
+    assert allowed.completed and allowed.error is None and not channel.refused
+
+
+def test_a_chunked_body_is_refused_once_what_came_passes_the_limit_not_at_it():
+    def chunk(n: int) -> bytes:
+        return b"%x\r\n" % n + b"x" * n + b"\r\n"
+
+    head = request(headers={"Transfer-Encoding": "chunked", "Authorization": "Bearer t"})
+    exact, channel = guarded_parser(BodyGate(100, token_check))
+    exact.received(head)
+    assert exact.error is None  # a chunked body's length is judged as it comes
+    exact.received(chunk(60))
+    exact.received(chunk(40))
+    assert exact.error is None and not channel.refused  # 100 of 100
+    exact.received(b"0\r\n\r\n")
+    assert exact.completed and exact.error is None
+    over, channel = guarded_parser(BodyGate(100, token_check))
+    over.received(head)
+    over.received(chunk(60))
+    over.received(chunk(41))
+    assert channel.refused and over.error.code == 413
+    assert json.loads(over.error.to_response()[2]) == {"error": {"message": "request body is larger than 100 bytes",
+                                                               "type": "invalid_request_error"}}
+
+
+def test_waitress_s_own_body_limit_is_answered_in_the_app_s_json_too():
+    parser, channel = guarded_parser(BodyGate(1000, too_large_kind="too_large"), max_request_body_size=50)
+    parser.received(request(headers={"Content-Length": "60"}))
+    assert channel.refused
+    status, _, body = parser.error.to_response()
+    assert status.startswith("413 ")
+    assert json.loads(body) == {"error": {"message": "request body is larger than 50 bytes", "type": "too_large"}}
