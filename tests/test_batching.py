@@ -399,3 +399,43 @@ def test_an_item_that_runs_out_of_device_memory_in_a_batch_is_a_no_room_refusal(
     with pytest.raises(NoRoom, match="ran out of memory"):
         engine.infer(spec, Inputs(body={"text": "hi"}, public_dir=public))
     assert released == ["org/big"]
+
+
+def test_tasks_are_batched_by_their_task_whatever_loads_them(tmp_path):
+    """sentence-similarity models load as sentence encoders (no pipeline task): their concurrent requests still
+    share batches."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from hugginggpt.modelhost.batching import batch_size_var
+    from hugginggpt.modelhost.engine import LocalEngine
+
+    class Encoder:
+        def encode(self, texts, **kwargs):
+            return np.ones((len(texts), 4)) / 2.0
+
+    class Pool:
+        registry, device = None, "cpu"
+
+        @contextmanager
+        def use(self, spec):
+            time.sleep(0.05)  # long enough for the other callers to gather
+            yield SimpleNamespace(obj=Encoder(), spec=spec)
+
+    engine = LocalEngine(Pool(), Batcher(max_size=8, wait_s=0.05))
+    spec = ModelSpec("org/sim", "sentence-similarity", "sentence-embedding", "minimal")
+    public = make_public(tmp_path / "public")
+    sizes: list[int] = []
+    gate = threading.Barrier(4)
+
+    def call() -> None:
+        gate.wait()
+        assert engine.infer(spec, Inputs(body={"text": "a", "text2": "b"}, public_dir=public)) == {"score": 1.0}
+        sizes.append(batch_size_var.get())
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    assert len(sizes) == 4 and max(sizes) > 1, sizes

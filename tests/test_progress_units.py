@@ -406,3 +406,47 @@ def test_run_reporting_sends_notes_from_the_sdk_thread_and_hands_back_the_result
     assert anyio.run(main) == ("the result", "the result")
     assert [(p, t, m) for p, t, m, _ in sent] == [(0.5, 1.0, "#0 t: step 1 of 2"), (1.0, 1.0, "#0 t: step 2 of 2")]
     assert tool_progress.events() is None  # outside a reporting call nobody listens
+
+
+# -- the models server's stream of one call --------------------------------------------------------------------
+
+
+def stream_of(call, disconnected=None) -> list[str]:
+    from hugginggpt.modelhost.progress_stream import stream_call
+
+    return list(stream_call(call, disconnected, name="test-call").response)
+
+
+def test_a_call_silent_for_a_while_behind_a_server_without_a_disconnect_hook_still_answers():
+    def slow():
+        time.sleep(1.2)  # a load or a long step: no event for over a second
+        return 200, {"path": "/images/a.png"}, {}
+
+    assert stream_of(slow)[-1] == 'event: result\ndata: {"path":"/images/a.png"}\n\n'
+
+
+def test_a_failure_that_escapes_the_call_says_its_kind_and_nothing_of_its_text():
+    def broken():
+        raise OSError("/home/me/.cache/huggingface/hub/models--x/blobs/abc: No space left on device")
+
+    last = stream_of(broken)[-1]
+    assert last.startswith("event: error\n")
+    assert json.loads(last.split("data: ", 1)[1]) == {"error": {"message": "internal error (OSError)"}, "status": 500}
+
+
+def test_a_client_gone_during_a_silent_wait_stops_the_work():
+    from hugginggpt.modelhost import progress as prog
+
+    stopped = threading.Event()
+
+    def waits():
+        watch = prog.current()
+        for _ in range(100):  # a queue: nothing to say until the model is free
+            if watch.stopped:
+                stopped.set()
+                return 499, {"error": {"message": "stopped"}}, {}
+            time.sleep(0.05)
+        return 200, {}, {}
+
+    assert stream_of(waits, disconnected=lambda: True) == []  # the client is gone: nothing is sent
+    assert stopped.wait(5)
