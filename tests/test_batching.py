@@ -439,3 +439,34 @@ def test_tasks_are_batched_by_their_task_whatever_loads_them(tmp_path):
     [t.start() for t in threads]
     [t.join(20) for t in threads]
     assert len(sizes) == 4 and max(sizes) > 1, sizes
+
+
+def test_a_request_runs_while_its_model_is_held_in_use(tmp_path):
+    """The model is used inside the pool's hold on it (an eviction waits for the call; an out-of-memory error
+    during it is the pool's to answer), batched or not."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from hugginggpt.modelhost.engine import LocalEngine
+
+    held: list[bool] = []
+
+    class Pool:
+        registry, device = None, "cpu"
+        busy = False
+
+        @contextmanager
+        def use(self, spec):
+            self.busy = True
+            try:
+                yield SimpleNamespace(obj=lambda text, **kw: held.append(pool.busy) or [{"label": "x", "score": 1.0}],
+                                      spec=spec)
+            finally:
+                self.busy = False
+
+    pool = Pool()
+    public = make_public(tmp_path / "public")
+    spec = ModelSpec("org/tc", "text-classification", "pipeline", "minimal", "text-classification")
+    for engine in (LocalEngine(pool), LocalEngine(pool, Batcher(max_size=8, wait_s=0))):
+        assert engine.infer(spec, Inputs(body={"text": "hi"}, public_dir=public)) == [{"label": "x", "score": 1.0}]
+    assert held == [True, True]
