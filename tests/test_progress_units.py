@@ -450,3 +450,27 @@ def test_a_client_gone_during_a_silent_wait_stops_the_work():
 
     assert stream_of(waits, disconnected=lambda: True) == []  # the client is gone: nothing is sent
     assert stopped.wait(5)
+
+
+def test_progress_in_words_as_the_cli_and_gradio_show_it():
+    from hugginggpt.taskprogress import describe
+
+    assert describe({"phase": "running", "step": 10, "steps": 25, "eta": 3.2}) == "step 10 of 25 · about 4 s left"
+    assert describe({"phase": "running", "step": 1, "steps": 25, "eta": 150}) == "step 1 of 25 · about 2 min left"
+    assert describe({"phase": "running", "step": 1, "steps": 25, "eta": 89.5}) == "step 1 of 25 · about 90 s left"
+    assert describe({"phase": "downloading", "bytes": 312_000_000, "total_bytes": 1_719_300_000}) == \
+        "downloading 312.0 of 1719.3 MB"  # MB as the models server's own messages count them
+    assert describe({"phase": "downloading", "bytes": 5_000_000}) == "downloading 5.0 MB"
+    assert describe({"phase": "queued", "waiting": "another model is loading"}) == "queued: another model is loading"
+    assert describe({"phase": "loading"}) == "loading the model"
+    assert describe({"phase": "running"}) == "running"
+
+
+def test_a_new_reason_to_wait_is_relayed_at_once():
+    sent: list[dict] = []
+    relay = Relay(sent.append, interval=10.0, clock=Clock())
+    relay({"phase": "queued", "waiting": "in a batch with other requests for this model"})
+    relay({"phase": "queued", "waiting": "another model is loading"})  # within the interval, but news
+    relay({"phase": "queued", "waiting": "another model is loading"})
+    assert [e["waiting"] for e in sent] == ["in a batch with other requests for this model",
+                                            "another model is loading"]
