@@ -474,3 +474,14 @@ def test_a_new_reason_to_wait_is_relayed_at_once():
     relay({"phase": "queued", "waiting": "another model is loading"})
     assert [e["waiting"] for e in sent] == ["in a batch with other requests for this model",
                                             "another model is loading"]
+
+
+def test_the_interval_runs_from_the_last_event_sent_not_from_the_phase_change():
+    sent: list[dict] = []
+    clock = Clock()
+    relay = Relay(sent.append, interval=1.0, clock=clock)
+    relay({"phase": "running", "step": 1, "steps": 50})
+    for k in range(2, 40):  # a step every 0.25 s: one in four is sent
+        clock.now += 0.25
+        relay({"phase": "running", "step": k, "steps": 50})
+    assert [e["step"] for e in sent] == [1, 5, 9, 13, 17, 21, 25, 29, 33, 37]
