@@ -341,5 +341,12 @@ def test_an_llm_error_that_quotes_a_key_not_shaped_like_sk_never_reaches_the_cli
         assert resp.status_code == 502 and "Incorrect API key provided" in resp.json()["error"]["message"]
         assert own not in resp.text and llm.failures == []
         assert AZURE_KEY not in srv.logs() and own not in srv.logs()
+        # a key of another shape that an error quotes (OpenAI's project and service-account keys: dashes and
+        # underscores after sk-) is taken out whole
+        llm.failure_body = "The key sk-svcacct-Ab_cD-ef1234567890 was revoked by your organization."
+        llm.fail(401)
+        resp = srv.post("/tasks", ask("hi"))
+        assert resp.status_code == 502 and "The key sk-*** was revoked" in resp.json()["error"]["message"]
+        assert "Ab_cD" not in resp.text and "Ab_cD" not in srv.logs()
     finally:
         stop_server(srv)
