@@ -485,3 +485,18 @@ def test_the_interval_runs_from_the_last_event_sent_not_from_the_phase_change():
         clock.now += 0.25
         relay({"phase": "running", "step": k, "steps": 50})
     assert [e["step"] for e in sent] == [1, 5, 9, 13, 17, 21, 25, 29, 33, 37]
+
+
+def test_mcp_progress_counts_a_finished_task_once_and_a_smaller_replan_never_inflates_the_share():
+    from hugginggpt.mcp.progress import ToolProgress
+
+    p = ToolProgress()
+    p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]})
+    assert p.note("task_progress", {"id": 0, "task": "a", "phase": "running", "fraction": 1.0})[0] == 0.5
+    p.note("task_finished", {"id": 0})
+    assert p.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.75
+    q = ToolProgress()
+    q.note("plan", {"tasks": [{"id": k} for k in range(4)]})
+    q.note("task_finished", {"id": 0})
+    q.note("replan", {"tasks": [{"id": 1}]})  # the rest replaced by one task: still a request of four
+    assert q.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.375
