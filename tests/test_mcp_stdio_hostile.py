@@ -284,3 +284,93 @@ def test_without_a_config_named_it_reads_the_project_s_default(quiet_main, monke
     assert main([]) == 2  # the default config needs an OpenAI key
     err = capsys.readouterr().err
     assert err.startswith("config error: configs/config.default.yaml: `openai.api_key` is missing"), err
+
+
+@pytest.mark.parametrize(("line", "answers"), [
+    ("[1, 2]", [(None, INVALID_REQUEST, "a JSON array is a batch, which MCP does not take; send each JSON-RPC "
+                                        "message on a line of its own")]),
+    ("7", [(None, INVALID_REQUEST, "a JSON-RPC message is a JSON object, got int")]),
+    ('"x"', [(None, INVALID_REQUEST, "a JSON-RPC message is a JSON object, got str")]),
+    ('{"jsonrpc": "2.0", "id": 4, "method": 5}', [(4, INVALID_REQUEST, "not a JSON-RPC 2.0 message: Input should be "
+                                                                       "a valid string")]),
+    ('{"id": 9, "jsonrpc": "1.0", "method": "m"}', [(9, INVALID_REQUEST, "not a JSON-RPC 2.0 message: Input should "
+                                                                         "be '2.0'")]),
+    ('{"id": 5, "x": "\\ud800"}', [(5, INVALID_REQUEST, "the message holds a lone UTF-16 surrogate (\\ud800), which "
+                                                        "is not a character; send text as valid Unicode")]),
+    ('{"id": 1,', [(None, PARSE_ERROR, "parse error: the line is not JSON (Expecting property name enclosed in "
+                                       "double quotes at column 10); send one JSON-RPC message per line")]),
+    ("nul", [(None, PARSE_ERROR, "parse error: the line is not JSON (Expecting value at column 1); send one "
+                                 "JSON-RPC message per line")]),
+    ('{"a": 1}\t\r {"b": 2}', [(None, INVALID_REQUEST, "2 JSON values on one line; send each JSON-RPC message on a "
+                                                       "line of its own")]),
+    ('{"a": 1} X {"b": 2}', [(None, PARSE_ERROR, "parse error: the line is not JSON (Extra data at column 10); send "
+                                                 "one JSON-RPC message per line")]),  # only blanks part values
+    ('{"jsonrpc":"2.0","id":1,"method":"a"} {"jsonrpc":"2.0","id":"two","method":"b"} {"id":3}',
+     [(1, INVALID_REQUEST, "3 JSON values on one line; send each JSON-RPC message on a line of its own"),
+      ("two", INVALID_REQUEST, "3 JSON values on one line; send each JSON-RPC message on a line of its own")]),
+])
+def test_each_unreadable_line_gets_the_spec_s_code_its_id_and_a_sentence_that_says_what_to_do(line, answers):
+    assert [(e.id, e.error.code, e.error.message) for e in check_line(line)] == answers
+
+
+@pytest.mark.parametrize(("text", "ident"), [
+    ('{"x": [1, 2, {"id": 5, "y": 1}], "id": 7', 7),  # an id inside an array's object is not the message's
+    ('{"a": {"b": [{"c": 1}, 2]}, "id": "x"', "x"),
+    ('{"a": ["id", 3], "id": 8', 8),
+    ('{"ID": 3, "id": 4', 4),  # member names are exact
+    ('{"id": 2, "x": [[[[', 2),  # cut short after the id: still answered with it
+    ('{"id": [1, 2]', None), ('{"id": {"a": 1}}', None),  # an array or object is no id
+    ('{"params": {"id": 5}} ', None), ('x{"id":1}', None),
+])
+def test_the_id_read_from_an_unreadable_line_is_the_message_s_own(text, ident):
+    assert top_level_id(text) == ident
+
+
+def test_a_line_at_the_limit_is_read_and_one_byte_past_it_is_skipped_to_its_end():
+    import io
+
+    from hugginggpt.mcp.lines import CheckedLines
+
+    def reads(data: bytes) -> list[tuple[bytes, bool]]:
+        lines = CheckedLines(io.BytesIO(data), 10, None)
+        out = []
+        while (got := lines._read())[0]:  # noqa: SLF001
+            out.append(got)
+        return out
+
+    assert reads(b"0123456789\nnext\n") == [(b"0123456789\n", False), (b"next\n", False)]  # 10 bytes and its end
+    assert reads(b"0123456789") == [(b"0123456789", False)]  # 10 bytes at the end of input
+    assert reads(b"0123456789A\nnext\n") == [(b"0123456789A", True), (b"next\n", False)]  # 11: skipped
+    assert reads(b"0123456789AB") == [(b"0123456789A", True)]
+
+
+def test_each_answered_line_is_logged_with_its_size_and_what_it_was_answered(caplog):
+    import io
+    import logging
+
+    import anyio
+
+    from hugginggpt.mcp.lines import CheckedLines
+
+    sent: list = []
+
+    class Errors:
+        async def send(self, reply):
+            sent.append(reply)
+
+    good = '{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n'
+    data = ("[1]\n" + good + '{"id":1,"method":"a"} {"id":2,"method":"b"}\n' + "x" * 80 + "\n").encode()
+
+    async def read() -> list[str]:
+        return [line async for line in CheckedLines(io.BytesIO(data), 60, Errors())]
+
+    with caplog.at_level(logging.WARNING, logger="hugginggpt.mcp.lines"):
+        assert anyio.run(read) == [good]  # the one line the SDK can read, as text
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP stdio: answered a line of 4 bytes with a JSON array is a batch, which MCP does not take; send each "
+        "JSON-RPC message on a line of its own",
+        "MCP stdio: answered a line of 44 bytes with 2 errors",
+        "MCP stdio: answered a line of 61 bytes with the message is larger than this server takes (60 bytes, "
+        "max_body_bytes)",
+    ]
+    assert len(sent) == 4
