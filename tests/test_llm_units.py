@@ -69,3 +69,16 @@ def test_an_llm_nobody_answers_at_is_refused_at_once_not_after_backoffs():
     with pytest.raises(LLMError, match="unreachable|refused|connect"):
         client.chat(HI)
     assert time.monotonic() - started < 1.0  # three backoffs would take 2.6 s at least
+
+
+def test_each_request_s_own_key_reaches_the_llm_through_the_client_cache(llm):
+    from hugginggpt.llm import ClientCache
+
+    cache = ClientCache()
+    base = LLMSettings(api_type="local", endpoint=llm.base_url + "/v1", model="scripted")
+    for key in ("sk-alice-0123456789", "sk-bob-9876543210", "sk-alice-0123456789"):
+        cache.get(with_overrides(base, api_key=key)).chat(HI)
+    sent = [r["headers"].get("Authorization") for r in llm.requests]
+    assert sent == ["Bearer sk-alice-0123456789", "Bearer sk-bob-9876543210", "Bearer sk-alice-0123456789"]
+    assert cache.get(with_overrides(base, api_key="sk-bob-9876543210")) is \
+        cache.get(with_overrides(base, api_key="sk-bob-9876543210"))  # one client per settings, kept
