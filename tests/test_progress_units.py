@@ -399,7 +399,7 @@ def test_run_reporting_sends_notes_from_the_sdk_thread_and_hands_back_the_result
             await anyio.to_thread.run_sync(lambda: tool_progress.run_reporting(failing, report))
 
         async def gone(*args):
-            raise RuntimeError("the client left")
+            raise anyio.BrokenResourceError("the client left")  # what a closed session's stream raises
         survived = await anyio.to_thread.run_sync(lambda: tool_progress.run_reporting(work, gone))
         return value, survived
 
