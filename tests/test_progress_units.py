@@ -500,3 +500,12 @@ def test_mcp_progress_counts_a_finished_task_once_and_a_smaller_replan_never_inf
     q.note("task_finished", {"id": 0})
     q.note("replan", {"tasks": [{"id": 1}]})  # the rest replaced by one task: still a request of four
     assert q.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.375
+
+
+def test_mcp_progress_counts_a_failed_task_as_done():
+    from hugginggpt.mcp.progress import ToolProgress
+
+    p = ToolProgress()
+    p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]})
+    p.note("task_failed", {"id": 0, "error": "the model failed"})
+    assert p.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.75
