@@ -162,6 +162,7 @@ def test_the_orchestrator_stream_relays_every_step_as_task_progress(orchestrator
     assert steps, names
     n = steps[0]["steps"]
     assert [e["step"] for e in steps] == list(range(1, n + 1))  # the default 25 steps, each relayed in order
+    assert steps[-1]["t"] - steps[0]["t"] > 0.1  # relayed as the model ran them, not all at once at its end
     assert all(e["id"] == 0 and e["task"] == "text-to-image" and e["model"] == SD and e["hosted_on"] == "local"
                for e in progress)
     first_progress = names.index("task_progress")
@@ -344,13 +345,18 @@ def test_an_mcp_client_with_a_progress_token_gets_each_step_as_a_rising_notifica
             return http_client(server.url + "/mcp", MCP_TOKEN)
     plan_one_image(llm)
     notes: list[tuple] = []
+    answered_at: list[float] = []
+
+    heard_at: list[float] = []
 
     async def heard(progress, total, message):
         notes.append((progress, total, message))
+        heard_at.append(time.monotonic())
 
     async def go():
         async with connect() as client:
             whole = await client.call_tool("hugginggpt", {"text": "draw a red square"}, progress_callback=heard)
+            answered_at.append(time.monotonic())
             quiet = await client.call_tool("hugginggpt", {"text": "draw a red square"})  # no token: no notes
             one = await client.call_tool("run_model", {"task": "text-to-image", "model": SD, "text": "a square"},
                                          progress_callback=heard)
@@ -371,6 +377,7 @@ def test_an_mcp_client_with_a_progress_token_gets_each_step_as_a_rising_notifica
     assert [int(re.search(r"step (\d+) of 25", m).group(1)) for _, _, m in first] == list(range(1, 26))
     assert [p for p, _, _ in first] == [round(k / 25, 4) for k in range(1, 26)] and {t for _, t, _ in first} == {1.0}
     assert len(second) == 25 and second[-1][0] == 1.0  # run_model's one task, and nothing from the quiet call
+    assert answered_at[0] - heard_at[0] > 0.1  # the first note came while the tool ran, not with its answer
 
 
 

@@ -513,3 +513,27 @@ def test_mcp_progress_counts_a_failed_task_as_done():
     p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]})
     p.note("task_failed", {"id": 0, "error": "the model failed"})
     assert p.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.75
+
+
+def test_the_cli_takes_a_task_s_progress_line_off_when_it_fails_or_ends():
+    import io
+
+    from hugginggpt.cli import Turn, progress_printer
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    show = progress_printer(out, Turn(), threading.Event())
+    show("task_progress", {"id": 0, "task": "text-to-image", "phase": "running", "step": 3, "steps": 25, "t": 1.0})
+    show("task_progress", {"id": 1, "task": "text-to-speech", "phase": "loading", "t": 1.1})
+    show("task_failed", {"id": 0, "task": "text-to-image", "error": "the model failed", "t": 1.2})
+    show("task_finished", {"id": 1, "task": "text-to-speech", "result": {}, "seconds": 0.5, "t": 1.3})
+    show("plan", {"tasks": [], "t": 1.4})
+    text = out.getvalue()
+    after_failure = text[text.index("#0 text-to-image failed: the model failed"):]
+    assert "#0 text-to-image: step" not in after_failure  # its line is gone, not redrawn under later lines
+    assert "#1 text-to-speech: loading the model" in text and "#1 text-to-speech: loading" not in \
+        text[text.index("#1 text-to-speech done"):]
+    assert text.endswith("plan: \n")  # nothing drawn below the last line once no task runs
