@@ -176,3 +176,23 @@ def test_waitress_s_own_body_limit_is_answered_in_the_app_s_json_too():
     status, _, body = parser.error.to_response()
     assert status.startswith("413 ")
     assert json.loads(body) == {"error": {"message": "request body is larger than 50 bytes", "type": "too_large"}}
+
+
+def test_an_app_s_gate_is_found_only_where_it_registered_one():
+    from hugginggpt.httpbody import BODY_GATE, gate_of
+
+    gate = BodyGate(10)
+    assert gate_of(SimpleNamespace(extensions={BODY_GATE: gate})) is gate
+    assert gate_of(SimpleNamespace(extensions={BODY_GATE: "not a gate"})) is None
+    assert gate_of(SimpleNamespace(extensions={})) is None
+    assert gate_of(object()) is None  # an app that is not Flask's: served without a gate
+
+
+def test_a_refusal_is_logged_with_the_request_line_and_the_answer(caplog):
+    import logging
+
+    parser, _ = guarded_parser(BodyGate(1000, token_check))
+    with caplog.at_level(logging.INFO, logger="hugginggpt.httpbody"):
+        parser.received(request(headers={"Content-Length": "5"}, body=b"hello"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused POST /models/x before reading its body: 401 POST /models/x needs the token"]
