@@ -88,6 +88,26 @@ def test_stats_are_dropped_only_when_files_are_added(audit, tmp_path, before, no
     assert (tmp_path / "mutants" / "mutmut-stats.json").exists() == kept
 
 
+def test_stats_older_than_a_listed_test_file_are_dropped(audit, tmp_path, monkeypatch):
+    """A test added to a listed file after the stats were collected would never be chosen for a mutant."""
+    import os
+
+    root = tmp_path / "repo"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "a.py").write_text("def test_old(): pass\n")
+    monkeypatch.setattr(audit, "ROOT", root)
+    folder = tmp_path / "module"
+    selection(folder, ["tests/a.py"])
+    stats = folder / "mutants" / "mutmut-stats.json"
+    os.utime(root / "tests" / "a.py", (stats.stat().st_mtime - 60,) * 2)
+    audit.forget_stats_older_than_tests(folder, ("tests/a.py", "tests/gone.py"))
+    assert stats.exists()  # collected after the file's last change
+    os.utime(root / "tests" / "a.py", (stats.stat().st_mtime + 60,) * 2)
+    audit.forget_stats_older_than_tests(folder, ("tests/a.py",))
+    assert not stats.exists()
+    audit.forget_stats_older_than_tests(folder, ("tests/a.py",))  # nothing left to drop: no error
+
+
 def test_a_folder_without_a_configuration_yet_is_left_alone(audit, tmp_path):
     audit.keep_verdicts_when_tests_are_added(tmp_path / "new", ("tests/a.py",))
     assert not (tmp_path / "new").exists()

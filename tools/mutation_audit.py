@@ -145,6 +145,7 @@ def prepare(module: Module, base: dict) -> Path:
     config = dict(base, only_mutate=[module.path], pytest_add_cli_args_test_selection=list(module.tests),
                   forkserver_warmup="import", preload_modules_file=str(preload(module, folder)))
     keep_verdicts_when_tests_are_added(folder, module.tests)
+    forget_stats_older_than_tests(folder, module.tests)
     (folder / "pyproject.toml").write_text(
         "# written by tools/mutation_audit.py from the repository's pyproject.toml\n[tool.mutmut]\n"
         + "".join(f"{k} = {toml_value(v)}\n" for k, v in config.items()))
@@ -205,6 +206,18 @@ def keep_verdicts_when_tests_are_added(folder: Path, tests: tuple[str, ...]) -> 
     before = tomllib.loads(written.read_text())["tool"]["mutmut"].get("pytest_add_cli_args_test_selection", [])
     if before != list(tests) and set(before) <= set(tests):
         (folder / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+
+
+def forget_stats_older_than_tests(folder: Path, tests: tuple[str, ...]) -> None:
+    """mutmut picks a mutant's tests from its stats (which test reaches which function): a test added to a listed
+    file after they were collected is never chosen, so a survivor it would kill survives every --recheck. When a
+    listed file changed since, drop the stats (the verdicts stay; mutmut collects them afresh)."""
+    stats = folder / "mutants" / "mutmut-stats.json"
+    if not stats.exists():
+        return
+    collected = stats.stat().st_mtime
+    if any((ROOT / test).is_file() and (ROOT / test).stat().st_mtime > collected for test in tests):
+        stats.unlink()
 
 
 def clean_env() -> dict[str, str]:
