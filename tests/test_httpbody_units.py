@@ -196,3 +196,17 @@ def test_a_refusal_is_logged_with_the_request_line_and_the_answer(caplog):
         parser.received(request(headers={"Content-Length": "5"}, body=b"hello"))
     assert [r.getMessage() for r in caplog.records] == [
         "refused POST /models/x before reading its body: 401 POST /models/x needs the token"]
+
+
+def test_each_refusal_is_told_to_the_app_s_metrics_and_a_long_path_is_logged_cut(caplog):
+    import logging
+
+    seen: list[tuple] = []
+    parser, _ = guarded_parser(BodyGate(1000, token_check, observe=lambda *args: seen.append(args)))
+    long_path = "/models/" + "x" * 300
+    data = f"POST {long_path} HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello".encode()
+    with caplog.at_level(logging.INFO, logger="hugginggpt.httpbody"):
+        parser.received(data)
+    assert [(method, path, refusal.status) for method, path, refusal in seen] == [("POST", long_path, 401)]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"refused POST {long_path[:100]} before reading its body: 401 ")
