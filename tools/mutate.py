@@ -56,9 +56,29 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            held, self._held = self._held, None\n        for name, event",
              ("tests/test_plan_streaming.py::test_held_events_go_out_before_any_event_that_comes_while_they_are_released",)),
     Mutation("progress-lines-unlocked", "hugginggpt/cli.py",
-             '        with lock:\n            if not muted.is_set():\n                out.write(text + "\\n")\n',
-             '        if True:\n            if not muted.is_set():\n'
-             '                out.write(text)\n                out.write("\\n")\n',
+             '        if text is not None:\n'
+             '            out.write(text + "\\n")\n'
+             '        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off\n'
+             '        for line in live.values():\n'
+             '            out.write(line[:width] + "\\n")\n'
+             '        drawn[0] = len(live)\n'
+             '        out.flush()\n'
+             '\n'
+             '    def say(text: str) -> None:\n'
+             '        with lock:\n'
+             '            redraw(text)\n',
+             '        if text is not None:\n'
+             '            out.write(text)\n'
+             '            out.write("\\n")\n'
+             '        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off\n'
+             '        for line in live.values():\n'
+             '            out.write(line[:width] + "\\n")\n'
+             '        drawn[0] = len(live)\n'
+             '        out.flush()\n'
+             '\n'
+             '    def say(text: str) -> None:\n'
+             '        if True:\n'
+             '            redraw(text)\n',
              ("tests/test_cli_pty.py::test_progress_lines_from_many_threads_are_never_glued",)),
     Mutation("drain-after-done-unbounded", "hugginggpt/llm.py",
              "        with deadline_scope(time.monotonic() + DRAIN_SECONDS):\n            for n, _ in enumerate(events):\n"
