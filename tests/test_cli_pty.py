@@ -277,6 +277,9 @@ class SlowTerminal:
     def flush(self) -> None:
         pass
 
+    def isatty(self) -> bool:
+        return False
+
 
 def test_progress_lines_from_many_threads_are_never_glued():
     from hugginggpt.cli import Turn, progress_printer
