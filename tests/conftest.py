@@ -265,3 +265,17 @@ def wait_until(check, timeout: float = 30.0, what: str = "the condition") -> Non
 
 def png_bytes(response: requests.Response) -> Image.Image:
     return Image.open(io.BytesIO(response.content))
+
+
+def sse(resp: requests.Response, within: float = 90.0) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a models-server event stream, in order; the stream must end within `within`
+    seconds (its keep-alive comments would hold a per-read timeout open for ever)."""
+    out, name = [], None
+    deadline = time.monotonic() + within
+    for line in resp.iter_lines(decode_unicode=True):
+        assert time.monotonic() < deadline, f"the stream did not end within {within} s: {out[-3:]}"
+        if line.startswith("event: "):
+            name = line[len("event: "):]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[len("data: "):])))
+    return out

@@ -49,6 +49,21 @@ def until_gathered(batcher: Batcher, key: str, n: int) -> None:
     raise AssertionError(f"{n} callers never gathered")
 
 
+def with_company(batcher: Batcher, key: str = "m") -> list[int]:
+    """Run the key's first batches with company: the first caller runs alone while two more gather behind it.
+    Returns the sizes of the batches that ran (a key that has seen company waits for more next time)."""
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not sizes:
+            until_gathered(batcher, key, 2)
+        sizes.append(len(items))
+        return items
+
+    submit_all(batcher, [0, 1, 2], run, key=key)
+    return sizes
+
+
 def test_concurrent_calls_share_a_batch_and_each_gets_its_own_result():
     batcher = Batcher(max_size=8, wait_s=5.0)
     batches: list[list[int]] = []
@@ -126,16 +141,7 @@ def test_a_lone_caller_does_not_wait_for_company():
 def test_after_a_batch_with_company_an_idle_model_waits_for_more():
     """Callers that arrive one after another, a little apart, share a batch once the key has seen company."""
     batcher = Batcher(max_size=3, wait_s=3600)
-    primed: list[int] = []
-
-    def run(items: list[int]) -> list[int]:
-        if not primed:
-            until_gathered(batcher, "m", 2)
-        primed.append(len(items))
-        return items
-
-    submit_all(batcher, [0, 1, 2], run)
-    assert primed == [1, 2]  # the key has seen company
+    assert with_company(batcher) == [1, 2]  # the key has seen company
     out: list = []
     threads = []
     for k in range(3):  # 50 ms apart: without the wait each would run alone
@@ -277,16 +283,7 @@ def test_a_partly_filled_batch_waits_at_most_wait_s_for_company():
     """After a batch with company, a caller alone waits batch_wait_ms (here 50 ms) for more, then runs: the wait
     is seconds as given, measured on one clock, and ends however few came."""
     batcher = Batcher(max_size=8, wait_s=0.05)
-    primed: list[int] = []
-
-    def run(items: list[int]) -> list[int]:
-        if not primed:
-            until_gathered(batcher, "m", 2)
-        primed.append(len(items))
-        return items
-
-    submit_all(batcher, [0, 1, 2], run)
-    assert primed == [1, 2]  # company seen: the next caller alone waits for more
+    assert with_company(batcher) == [1, 2]  # company seen: the next caller alone waits for more
     started = time.monotonic()
     assert batcher.submit("m", 7, lambda items: items) == (7, 1)
     waited = time.monotonic() - started

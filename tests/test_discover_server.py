@@ -16,7 +16,7 @@ from hugginggpt.modelhost.discover import Discovery, DiscoveryPolicy
 from hugginggpt.modelhost.engine import LocalEngine
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import Registry
-from tests.conftest import make_public
+from tests.conftest import make_public, sse
 from tests.fakes.hub_repo import FakeHubServer
 from tests.test_discover import NER, add_repos, tiny_files
 from tests.test_models_server import start_models_server
@@ -132,8 +132,6 @@ def big_token_classifier(folder: Path) -> None:
 
 
 def test_a_watched_first_use_shows_the_download_s_bytes_rising_to_its_total_then_the_load(served):
-    import json
-
     url, hub, folder, _ = served
     big = "tiny-org/big-ner"
     big_token_classifier(folder / "big-src")
@@ -144,12 +142,7 @@ def test_a_watched_first_use_shows_the_download_s_bytes_rising_to_its_total_then
     try:
         resp = requests.post(f"{url}/models/{big}", json={"text": "anna lives in berlin"}, timeout=120,
                              headers={"Accept": "text/event-stream"}, stream=True)
-        events, name = [], None
-        for line in resp.iter_lines(decode_unicode=True):
-            if line.startswith("event: "):
-                name = line[len("event: "):]
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line[len("data: "):])))
+        events = sse(resp)
     finally:
         hub.repos.paces.clear()
     assert events[-1][0] == "result" and events[-1][1][0]["word"], events[-1]

@@ -18,7 +18,7 @@ import pytest
 import requests
 from PIL import Image
 
-from tests.conftest import ROOT, make_public
+from tests.conftest import ROOT, make_public, sse
 from tests.test_models_server import start_models_server
 from tests.tiny_models import image_classifier, text_classifier, tiny_stable_diffusion
 
@@ -182,18 +182,11 @@ def test_the_catalog_gives_gpu_shares_for_ray():
 
 def test_a_watched_diffusion_call_streams_its_steps_then_its_file(engine):
     """Accept: text/event-stream: the steps as the pipeline runs them (in a Ray replica too), then the result."""
-    import json
-
     name, url, public = engine
     resp = requests.post(f"{url}/models/{SD}", json={"text": "a red square", "steps": 6}, timeout=120, stream=True,
                          headers={**AUTH, "Accept": "text/event-stream"})
     assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-    events, event = [], None
-    for line in resp.iter_lines(decode_unicode=True):
-        if line.startswith("event: "):
-            event = line[len("event: "):]
-        elif line.startswith("data: "):
-            events.append((event, json.loads(line[len("data: "):])))
+    events = sse(resp)
     assert [e["step"] for kind, e in events if kind == "progress" and "step" in e] == [1, 2, 3, 4, 5, 6], events
     assert events[-1][0] == "result"
     path = events[-1][1]["path"]

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import make_public, start_server, stop_server, wait_until, write_config
+from tests.conftest import make_public, sse, start_server, stop_server, wait_until, write_config
 from tests.test_models_server import start_models_server
 from tests.test_stream import events_of
 from tests.tiny_models import causal_lm, tiny_stable_diffusion
@@ -35,20 +35,6 @@ def box(tmp_path_factory):
     yield url, public, proc
     proc.terminate()
     proc.wait(10)
-
-
-def sse(resp: requests.Response, within: float = 90.0) -> list[tuple[str, dict]]:
-    """The (event, data) pairs of a models-server stream, in order; the stream must end within `within` seconds
-    (its keep-alive comments would hold a per-read timeout open for ever)."""
-    out, name = [], None
-    deadline = time.monotonic() + within
-    for line in resp.iter_lines(decode_unicode=True):
-        assert time.monotonic() < deadline, f"the stream did not end within {within} s: {out[-3:]}"
-        if line.startswith("event: "):
-            name = line[len("event: "):]
-        elif line.startswith("data: "):
-            out.append((name, json.loads(line[len("data: "):])))
-    return out
 
 
 def watch(url: str, model: str, body: dict, **kw) -> requests.Response:
