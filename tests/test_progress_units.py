@@ -537,3 +537,59 @@ def test_the_cli_takes_a_task_s_progress_line_off_when_it_fails_or_ends():
     assert "#1 text-to-speech: loading the model" in text and "#1 text-to-speech: loading" not in \
         text[text.index("#1 text-to-speech done"):]
     assert text.endswith("plan: \n")  # nothing drawn below the last line once no task runs
+
+
+# -- the outbox between a call's thread and its stream ------------------------------------------------------------
+
+
+def test_steps_made_close_together_leave_in_one_write_in_order_and_the_first_at_once():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.3)
+    box.put("progress", {"step": 1})
+    t0 = time.monotonic()
+    assert box.take(5) == ([("progress", {"step": 1})], False)  # nothing before it: it leaves at once
+    assert time.monotonic() - t0 < 0.2
+    for k in range(2, 26):  # a tiny pipeline's steps, a few ms apart: each would be a write of its own
+        box.put("progress", {"step": k})
+    items, answered = box.take(5)
+    assert time.monotonic() - t0 >= 0.25  # held until the gap since the last write has passed
+    assert [data["step"] for _, data in items] == list(range(2, 26)) and not answered
+
+
+def test_the_answer_leaves_at_once_with_the_steps_that_wait_and_ends_the_stream():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=5.0)
+    box.put("progress", {"step": 1})
+    box.take(1)
+    box.put("progress", {"step": 2})
+    box.close("result", {"path": "/images/a.png"})
+    t0 = time.monotonic()
+    assert box.take(10) == ([("progress", {"step": 2}), ("result", {"path": "/images/a.png"})], True)
+    assert time.monotonic() - t0 < 1.0  # not held for the 5 s gap
+
+
+def test_a_silent_call_s_outbox_answers_nothing_when_the_wait_is_over():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.0)
+    t0 = time.monotonic()
+    assert box.take(0.3) == ([], False)
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+
+
+def test_a_step_made_while_the_stream_waits_wakes_it_without_waiting_for_its_check():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.05)
+    box.take(0.01)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append((box.take(30), time.monotonic())))
+    reader.start()
+    time.sleep(0.2)
+    sent_at = time.monotonic()
+    box.put("progress", {"step": 1})
+    reader.join(10)
+    (items, _), at = got[0]
+    assert items == [("progress", {"step": 1})] and at - sent_at < 1.0
