@@ -14,8 +14,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 
-@contextmanager
-def locked_folder(folder: Path, thread_lock: threading.Lock | None = None) -> Iterator[None]:
+def _hold(folder: Path, thread_lock: threading.Lock | None = None) -> Iterator[None]:
     """Hold `folder` (created if missing) against other processes, and `thread_lock` against this one's threads."""
     with thread_lock if thread_lock is not None else nullcontext():
         folder.mkdir(parents=True, exist_ok=True)
@@ -31,3 +30,7 @@ def locked_folder(folder: Path, thread_lock: threading.Lock | None = None) -> It
         finally:
             os.close(fd)  # closing the descriptor drops its lock
 
+
+
+# Wrapped here, not decorated: mutmut leaves decorated functions unmutated, and this one guards shared files.
+locked_folder = contextmanager(_hold)

@@ -326,3 +326,44 @@ def test_a_module_left_out_of_the_audit_is_named(audit):
     assert audit.unaudited(modules, faces[1:]) == [faces[0].path]
     glob = {name: m for name, m in modules.items() if name != "gradio_ui"}
     assert audit.unaudited(glob, faces) == [f for f in audit.package_files() if f.startswith("hugginggpt/gradio_ui/")]
+
+
+def test_the_lines_mutmut_leaves_unmutated_are_counted_as_mutmut_skips_them(audit):
+    """mutmut makes no mutant of a decorated function (a context manager, a property); the table says how many
+    lines each module has there, counted as mutmut decides, so a 100% row is not read as covering them."""
+    from mutmut.mutation.file_mutation import mutate_file_contents
+
+    source = '''import contextlib
+
+
+def plain(a):
+    return a + 1
+
+
+@contextlib.contextmanager
+def held(a):
+    yield a + 1
+
+
+class Box:
+    @property
+    def size(self):
+        return 2 * 3
+
+    @staticmethod
+    def make(a):
+        return a - 1
+
+
+opened = contextlib.contextmanager(plain)
+'''
+    mutated = {name.split("__mutmut")[0].split("ǁ")[-1].removeprefix("x_") for name in
+               mutate_file_contents("sample.py", source).mutant_names}
+    found = audit.decorated_functions(source)
+    assert {name for name, _ in found} == {"held", "size"}  # the ones mutmut left alone
+    assert not {name for name, _ in found} & mutated and {"plain", "make"} <= mutated
+    assert dict(found) == {"held": 2, "size": 2}  # their lines from `def` on
+    rows = audit.table(audit.settings()[1])
+    progress_row = next(line for line in rows.splitlines() if line.startswith("| modelhost_progress "))
+    expected = audit.decorated_lines(audit.settings()[1]["modelhost_progress"])
+    assert progress_row.split("|")[9].strip() == str(expected)
