@@ -113,13 +113,15 @@ def current() -> Watch | None:
     return CURRENT.get()
 
 
-@contextlib.contextmanager
-def watching(watch: Watch | None) -> Iterator[Watch | None]:
+def _watching(watch: Watch | None) -> Iterator[Watch | None]:
     token = CURRENT.set(watch)
     try:
         yield watch
     finally:
         CURRENT.reset(token)
+
+
+watching = contextlib.contextmanager(_watching)  # wrapped, not decorated: mutmut skips decorated functions
 
 
 def phase(name: str, waiting: str | None = None) -> None:
@@ -129,8 +131,7 @@ def phase(name: str, waiting: str | None = None) -> None:
         watch.phase(name, waiting)
 
 
-@contextlib.contextmanager
-def waiting_for(lock: Any, why: str) -> Iterator[None]:
+def _waiting_for(lock: Any, why: str) -> Iterator[None]:
     """Hold `lock`; a watched call that must wait for it says so (`queued`, with `why`) first."""
     if not lock.acquire(blocking=False):
         phase(QUEUED, why)
@@ -139,6 +140,9 @@ def waiting_for(lock: Any, why: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+waiting_for = contextlib.contextmanager(_waiting_for)
 
 
 def diffusion_steps(pipe: Any, steps: int) -> dict[str, Any]:
