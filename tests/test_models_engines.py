@@ -27,6 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TEXT = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"
 IMAGE = "google/vit-base-patch16-224"
 SD = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+FRESH = "cardiffnlp/twitter-roberta-base-sentiment-latest"  # used by one test only: its first call loads it
 RAY_MISSING = importlib.util.find_spec("ray") is None
 
 
@@ -36,6 +37,7 @@ def engine(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"engine-{request.param}")
     models = folder / "models"
     text_classifier(models / TEXT)
+    text_classifier(models / FRESH)
     image_classifier(models / IMAGE)
     tiny_stable_diffusion(models / SD)
     public = make_public(folder / "public")
@@ -193,3 +195,14 @@ def test_a_watched_diffusion_call_streams_its_steps_then_its_file(engine):
     assert (public / path.lstrip("/")).is_file()  # written into the front's public/ (from the replica's bytes)
     plain = post(url, SD, {"text": "a red square", "steps": 2})
     assert plain.status_code == 200 and plain.json()["path"].startswith("/images/")
+
+
+def test_a_watched_first_call_hears_its_model_load_then_gets_its_answer(engine):
+    """In a Ray replica the load happens in Serve's multiplexing: the watched call still hears `loading`."""
+    _name, url, _ = engine
+    resp = requests.post(f"{url}/models/{FRESH}", json={"text": "what a day"}, timeout=120, stream=True,
+                         headers={**AUTH, "Accept": "text/event-stream"})
+    events = sse(resp)
+    phases = [e["phase"] for kind, e in events if kind == "progress"]
+    assert "loading" in phases, events
+    assert events[-1][0] == "result" and {"label", "score"} <= set(events[-1][1][0]), events

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,7 +33,7 @@ from ..resources import OUTPUT_PATH, resolve
 from .batching import batch_size_var, each_or_batch
 from .handlers import BATCHABLE, Inputs
 from .pool import InferenceFailed, ModelUnavailable
-from .progress import QUEUED, Watch, current, watching
+from .progress import LOADING, QUEUED, Watch, current, phase, watching
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -52,29 +53,27 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             self.device = device
             self.max_pixels = max_pixels
             self.locks: dict[str, asyncio.Lock] = {}
+            self.running: set[asyncio.Future[Any]] = set()
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
         async def get_model(self, model_id: str) -> Any:
+            return await self._load(model_id)
+
+        async def _load(self, model_id: str) -> Any:
+            """Serve calls this for a model its replica does not hold (`get_model`): a watched call that waits
+            for it hears `loading` (its watch travels in the request's context, as in the local pool)."""
             from .pool import Loaded, load, memory_of
 
             spec = self.registry.get(model_id)
             if spec is None or not self.registry.servable(spec):
                 raise ModelUnavailable(f"this replica cannot serve {model_id}")
+            phase(LOADING)
             started = time.perf_counter()
             obj = await asyncio.to_thread(load, spec, self.registry, self.device)
             return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
 
         async def infer(self, body: dict[str, Any]) -> dict[str, Any]:
-            model_id = serve.get_multiplexed_model_id()
-            try:
-                loaded = await self.get_model(model_id)
-            except ModelUnavailable as exc:
-                return {"error": {"kind": "unavailable", "message": str(exc)}}
-            if max_batch_size > 1 and loaded.spec.task in BATCHABLE:
-                return await self.batched((model_id, body))
-            lock = self.locks.setdefault(model_id, asyncio.Lock())
-            async with lock:  # one request at a time per model, as in the single-process server
-                return await asyncio.to_thread(self._run, loaded, body)
+            return await self._dispatch(body)
 
         async def infer_watched(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
             """`infer` for a watched call: its progress events ({"progress": ...}) as the run makes them, then
@@ -82,37 +81,37 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             loop = asyncio.get_running_loop()
             events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
             watch = Watch(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+            with watching(watch):  # the task below starts with a copy of this context
+                answer = asyncio.ensure_future(self._dispatch(body))
+            self.running.add(answer)  # held until done: a run outlives a front that left
+            answer.add_done_callback(self.running.discard)
+            try:
+                while not answer.done() or not events.empty():
+                    getter = asyncio.ensure_future(events.get())
+                    await asyncio.wait({answer, getter}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        yield {"progress": getter.result()}
+                    else:
+                        getter.cancel()
+            finally:
+                watch.stop()  # the front went away (the generator closed): the run ends at its next step
+            yield {"answer": answer.result()}
+
+        async def _dispatch(self, body: dict[str, Any]) -> dict[str, Any]:
+            """One request, watched or not: into a batch of its model, or alone under its model's lock."""
             model_id = serve.get_multiplexed_model_id()
             try:
                 loaded = await self.get_model(model_id)
             except ModelUnavailable as exc:
-                yield {"answer": {"error": {"kind": "unavailable", "message": str(exc)}}}
-                return
+                return {"error": {"kind": "unavailable", "message": str(exc)}}
             if max_batch_size > 1 and loaded.spec.task in BATCHABLE:
-                watch.phase(QUEUED, "in a batch with other requests for this model")
-                yield {"progress": await events.get()}
-                yield {"answer": await self.batched((model_id, body))}
-                return
+                phase(QUEUED, "in a batch with other requests for this model")
+                return await self.batched((model_id, body))
             lock = self.locks.setdefault(model_id, asyncio.Lock())
             if lock.locked():
-                yield {"progress": {"phase": QUEUED, "waiting": f"{model_id} is running another request"}}
-            async with lock:
-                run = asyncio.ensure_future(asyncio.to_thread(self._run_watched, loaded, body, watch))
-                try:
-                    while not run.done() or not events.empty():
-                        getter = asyncio.ensure_future(events.get())
-                        await asyncio.wait({run, getter}, return_when=asyncio.FIRST_COMPLETED)
-                        if getter.done():
-                            yield {"progress": getter.result()}
-                        else:
-                            getter.cancel()
-                finally:
-                    watch.stop()  # the front went away (the generator closed): the run ends at its next step
-                yield {"answer": await run}
-
-        def _run_watched(self, loaded: Any, body: dict[str, Any], watch: Watch) -> dict[str, Any]:
-            with watching(watch):
-                return self._run(loaded, body)
+                phase(QUEUED, f"{model_id} is running another request")
+            async with lock:  # one request at a time per model, as in the single-process server
+                return await asyncio.to_thread(self._run, loaded, body)  # the watch goes with the context
 
         @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
         async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -187,6 +186,50 @@ def output_paths(result: Any) -> list[str]:
     return paths
 
 
+def late(timeout: float) -> InferenceFailed:
+    return InferenceFailed(f"its replica gave no answer within {timeout:g} s (task_timeout)")
+
+
+def answer_of(response: Any, timeout: float) -> dict[str, Any]:
+    """A replica's answer to an unwatched call, within `timeout` seconds; a late one is cancelled."""
+    try:
+        return response.result(timeout_s=timeout)
+    except TimeoutError:  # Serve's own, or Ray's GetTimeoutError (a TimeoutError too)
+        response.cancel()
+        raise late(timeout) from None
+
+
+def relay(stream: Any, watch: Watch, timeout: float) -> dict[str, Any]:
+    """Pass a replica's progress events on to `watch` until its answer, and return the answer; `timeout` seconds
+    in all, as for an unwatched call. Serve's stream has no deadline of its own, so a timer cancels it (the
+    replica's generator is closed and its run stops at its next step); a client that leaves does the same
+    (`watch.relay` raises Cancelled)."""
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        stream.cancel()
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        for item in stream:
+            if "answer" in item:
+                return item["answer"]
+            watch.relay(item["progress"])  # raises Cancelled once the client has left
+    except Exception:
+        if expired.is_set():  # the stream cancelled by the timer: Serve's RequestCancelledError
+            raise late(timeout) from None
+        raise
+    finally:
+        timer.cancel()
+        stream.cancel()  # a no-op once the stream has ended; else the replica's generator is closed
+    if expired.is_set():
+        raise late(timeout)
+    raise InferenceFailed("the replica's stream ended without an answer")
+
+
 class RayEngine:
     """Start (or join) Ray, deploy the replicas, and forward each inference by model id."""
 
@@ -235,9 +278,9 @@ class RayEngine:
         handle = self.handles[self.gpu_share(spec, self.device_name)].options(multiplexed_model_id=spec.id)
         watch = current()
         if watch is None:
-            out = handle.infer.remote(body).result(timeout_s=self.timeout)
+            out = answer_of(handle.infer.remote(body), self.timeout)
         else:  # the replica's progress, passed on as it comes; then its answer
-            out = self._watched(handle, body, watch)
+            out = relay(handle.options(stream=True).infer_watched.remote(body), watch, self.timeout)
         batch_size_var.set(out.get("batch", 1))
         error = out.get("error")
         if error:
@@ -255,17 +298,6 @@ class RayEngine:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         return out["result"]
-
-    def _watched(self, handle: Any, body: dict[str, Any], watch: Watch) -> dict[str, Any]:
-        stream = handle.options(stream=True).infer_watched.remote(body)
-        try:
-            for item in stream:
-                if "answer" in item:
-                    return item["answer"]
-                watch.relay(item["progress"])  # raises Cancelled once the client has left
-        finally:
-            stream.cancel()  # a no-op once the stream has ended; else the replica's generator is closed
-        raise InferenceFailed("the replica's stream ended without an answer")
 
     def close(self) -> None:
         """Joined a cluster: remove our applications from it. Started Ray here: stop it, replicas included."""
