@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PHASES = ("queued", "downloading", "loading", "running")
+QUEUED, DOWNLOADING, LOADING, RUNNING = "queued", "downloading", "loading", "running"
+PHASES = (QUEUED, DOWNLOADING, LOADING, RUNNING)
 MAX_WAITING = 200  # characters of a `waiting` sentence
 
 Listener = Callable[[dict[str, Any]], None]

@@ -103,6 +103,17 @@ def hosted_call(call: HostedCall) -> Iterator[HostedCall]:
         _CALL.reset(token)
 
 
+def on_response(response: Any) -> None:
+    """The client's response hook: inside a hosted call, what the router says of the call while it runs (fal's
+    queue status, polled by huggingface_hub) becomes the task's progress."""
+    call = _CALL.get()
+    if call is None or call.kind(response.request.method, str(response.request.url)) != ROUTER:
+        return
+    from .provider_progress import on_status
+
+    on_status(canonical(str(response.request.url))[len(canonical(call.router)):], response)
+
+
 def _under(url: str, base: str) -> bool:
     return url == base or url.startswith((base + "/", base + "?"))
 
@@ -175,9 +186,9 @@ def install_hub_client(proxy: str | None) -> None:
 
         try:
             from huggingface_hub.utils._http import hf_request_event_hook  # offline mode, request ids
-            hooks = {"request": [on_request, hf_request_event_hook]}
+            hooks = {"request": [on_request, hf_request_event_hook], "response": [on_response]}
         except ImportError:  # pragma: no cover - a huggingface_hub without it
-            hooks = {"request": [on_request]}
+            hooks = {"request": [on_request], "response": [on_response]}
 
         def factory() -> httpx2.Client:
             client = httpx2.Client(proxy=proxy, event_hooks=hooks, follow_redirects=True, timeout=None)

@@ -14,6 +14,15 @@ The router (point `huggingface.router_url` here; the real one is https://router.
   {"prompt"} -> {"images": [{"url", "width", "height", "content_type"}], ...}, whose url the client then GETs
   (`/files/<name>`, fal's CDN); automatic-speech-recognition {"audio_url": "data:audio/mpeg;base64,..."} ->
   {"text", "chunks"}.
+- fal-ai's queue (what huggingface_hub uses for image-to-image, text-to-video, image-to-video, image-segmentation),
+  for an `hf_` token: `POST /fal-ai/<providerId>?_subdomain=queue` -> {"request_id", "status": "IN_QUEUE",
+  "queue_position", "response_url": "https://queue.fal.run/<owner>/<app>/requests/<id>", "status_url", ...} (fal
+  names the request under the app's first two segments: `fal-ai/flux/dev` is `fal-ai/flux`); the client then polls
+  `GET /fal-ai/<owner>/<app>/requests/<id>/status?_subdomain=queue` every 0.5 s -> {"status": "IN_QUEUE",
+  "queue_position": n} / {"status": "IN_PROGRESS", "logs": [...]} / {"status": "COMPLETED"}, then GETs
+  `/fal-ai/<owner>/<app>/requests/<id>?_subdomain=queue` for the result ({"images": [{"url", ...}]}).
+  `fal_queue[providerId] = [2, 1, 0, "IN_PROGRESS"]`: what the polls answer before COMPLETED (a number: that
+  position in the queue); without it the first poll answers COMPLETED.
 - replicate: `POST /replicate/v1/models/<owner>/<name>/predictions` or `/replicate/v1/predictions` with
   {"version"} (a providerId `owner/name:version`), `Prefer: wait`, {"input": {...}} -> the prediction, its
   `output` a transcription object for speech recognition or file URLs for images.
@@ -84,6 +93,8 @@ class FakeRouter:
     anonymous_status: int | None = None
     links: dict[str, str] = field(default_factory=dict)
     replicate_outputs: dict[str, Any] = field(default_factory=dict)
+    fal_queue: dict[str, list[Any]] = field(default_factory=dict)  # providerId -> what each status poll answers
+    queued: dict[str, dict[str, Any]] = field(default_factory=dict)  # request id -> its script and result
     cdn_hits: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _names: Any = field(default_factory=lambda: itertools.count(1))
@@ -101,6 +112,8 @@ class FakeRouter:
             self.hub_status = self.anonymous_status = None
             self.links.clear()
             self.replicate_outputs.clear()
+            self.fal_queue.clear()
+            self.queued.clear()
             self.cdn_hits.clear()
 
     def calls_to(self, provider: str) -> list[dict[str, Any]]:
@@ -253,6 +266,27 @@ class FakeRouter:
 
         return app
 
+    def fal_submit(self, provider_id: str, task: str, body: dict[str, Any]) -> Response | tuple[Response, int]:
+        """A request into fal's queue: its id, and the answers its status polls and result will get."""
+        if task != "image-to-image":
+            return jsonify({"detail": f"the fake does not queue {task} on fal-ai"}), 422
+        source = Image.open(io.BytesIO(base64.b64decode(body["image_url"].split(",", 1)[1])))
+        buf = io.BytesIO()
+        Image.new("RGB", source.size, (30, 60, 90)).save(buf, format="PNG")
+        result = {"images": [{"url": self.file_url(buf.getvalue(), "png", "fal-ai"), "width": source.width,
+                              "height": source.height, "content_type": "image/png"}], "prompt": body.get("prompt")}
+        app = "/".join(provider_id.split("/")[:2])
+        request_id = f"req-{next(self._names)}"
+        response_url = f"https://queue.fal.run/{app}/requests/{request_id}"
+        script = list(self.fal_queue.get(provider_id, []))
+        with self.lock:
+            self.queued[request_id] = {"app": app, "model": provider_id, "script": script, "result": result,
+                                       "response_url": response_url, "done": False}
+        first = script[0] if script and isinstance(script[0], int) else 0
+        return jsonify({"request_id": request_id, "status": "IN_QUEUE", "queue_position": first,
+                        "response_url": response_url, "status_url": f"{response_url}/status",
+                        "cancel_url": f"{response_url}/cancel"})
+
     def image(self, prompt: str, color: tuple[int, int, int]) -> tuple[bytes, int, int]:
         buf = io.BytesIO()
         width, height = 48, 32
@@ -306,6 +340,8 @@ class FakeRouter:
             if found is None:
                 return jsonify({"detail": f"Application '{provider_id}' not found"}), 404
             task = found[1].task
+            if request.args.get("_subdomain") == "queue":
+                return self.fal_submit(provider_id, task, body)
             if task == "text-to-image":
                 data, w, h = self.image(body["prompt"], (250, 120, 0))
                 return jsonify({"images": [{"url": self.file_url(data, "png", "fal-ai"), "width": w, "height": h,
@@ -317,6 +353,32 @@ class FakeRouter:
                 text = f"fal-ai transcript of {len(audio)} bytes"
                 return jsonify({"text": text, "chunks": [{"timestamp": [0.0, 0.5], "text": text}]})
             return jsonify({"detail": f"the fake does not do {task} on fal-ai"}), 422
+
+        @app.get("/fal-ai/<path:rest>")
+        def fal_ai_queue(rest: str) -> Response:
+            refused = self.refused()
+            if refused is not None:
+                return refused
+            head, _, tail = rest.partition("/requests/")
+            request_id, _, status = tail.partition("/")
+            with self.lock:
+                job = self.queued.get(request_id)
+                if job is None or job["app"] != head:
+                    return jsonify({"detail": "Request not found"}), 404
+                self.calls.append({"provider": "fal-ai", "model": job["model"], "path": request.path,
+                                   "authorization": request.headers.get("Authorization"), "poll": status or "result"})
+                if status == "status":
+                    step = job["script"].pop(0) if job["script"] else "COMPLETED"
+                    job["done"] = step == "COMPLETED"
+                    answer: dict[str, Any] = {"status": step, "response_url": job["response_url"]}
+                    if isinstance(step, int):
+                        answer = {"status": "IN_QUEUE", "queue_position": step, "response_url": job["response_url"]}
+                    elif step == "IN_PROGRESS":
+                        answer["logs"] = [{"message": "step 3/28", "level": "INFO", "timestamp": "2026-11-28T07:00:00"}]
+                    return jsonify(answer)
+                if not job["done"]:
+                    return jsonify({"detail": "Request is still in progress"}), 400
+                return jsonify(job["result"])
 
         def replicate(provider_id: str) -> Response:
             body = request.get_json(force=True)
