@@ -593,3 +593,39 @@ def test_a_step_made_while_the_stream_waits_wakes_it_without_waiting_for_its_che
     reader.join(10)
     (items, _), at = got[0]
     assert items == [("progress", {"step": 1})] and at - sent_at < 1.0
+
+
+def test_a_step_made_soon_after_a_write_leaves_when_the_gap_is_over_not_at_the_next_check():
+    """The stream waits for its next check (0.5 s in the server; 5 s here) when nothing is pending: the first
+    event after a write must wake it, to leave as soon as the gap allows."""
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.3)
+    box.put("progress", {"step": 1})
+    assert box.take(1)[0] == [("progress", {"step": 1})]
+    wrote = time.monotonic()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append((box.take(5), time.monotonic())))
+    reader.start()
+    time.sleep(0.05)  # the reader waits with nothing pending
+    box.put("progress", {"step": 2})
+    reader.join(10)
+    (items, _), at = got[0]
+    assert items == [("progress", {"step": 2})]
+    assert 0.25 <= at - wrote < 1.5  # held for the gap, then sent: not at the reader's 5 s check
+
+
+def test_a_change_of_phase_starts_no_gap_so_the_first_step_leaves_as_soon_as_it_is_made():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=5.0)
+    t0 = time.monotonic()
+    box.put("progress", {"phase": "loading"})
+    assert box.take(10)[0] == [("progress", {"phase": "loading"})]
+    box.put("progress", {"phase": "running"})
+    assert box.take(10)[0] == [("progress", {"phase": "running"})]
+    box.put("progress", {"phase": "running", "step": 1, "steps": 25})
+    assert box.take(10)[0] == [("progress", {"phase": "running", "step": 1, "steps": 25})]
+    box.put("progress", {"phase": "downloading", "bytes": 10, "total_bytes": 100})  # after a step: held
+    assert box.take(0.5) == ([], False)
+    assert time.monotonic() - t0 < 2.0

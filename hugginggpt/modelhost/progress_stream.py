@@ -68,9 +68,10 @@ class Outbox:
     """The events of one call, between the thread that makes them and the stream that sends them.
 
     Each write wakes the sending thread and the server's I/O loop; on a pipeline whose steps take a few
-    milliseconds that costs more than the step. So events made within `gap` of the last write wait for the next
-    one and leave together, in order: every step still arrives, at most `gap` late (a tenth of a second is
-    still live to a person watching a bar). The last event (`close`) leaves at once.
+    milliseconds that costs more than the step. So events made within `gap` of the last write of steps (or
+    download readings) wait for the next one and leave together, in order: every step still arrives, at most
+    `gap` late. A change of phase (a handful a call) starts no gap, so the first step leaves as soon as it is
+    made; the last event (`close`) leaves at once.
     """
 
     def __init__(self, gap: float = WRITE_GAP_SECONDS, clock: Callable[[], float] = time.monotonic):
@@ -102,7 +103,8 @@ class Outbox:
                 now = self._clock()
                 if self._closed or (self._items and now >= self._due):
                     items, self._items = self._items, []
-                    self._due = now + self.gap
+                    if any(name == "progress" and ("step" in data or "bytes" in data) for name, data in items):
+                        self._due = now + self.gap
                     return items, self._closed
                 if now >= deadline:
                     return [], False
