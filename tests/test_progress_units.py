@@ -629,3 +629,19 @@ def test_a_change_of_phase_starts_no_gap_so_the_first_step_leaves_as_soon_as_it_
     box.put("progress", {"phase": "downloading", "bytes": 10, "total_bytes": 100})  # after a step: held
     assert box.take(0.5) == ([], False)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_the_answer_wakes_a_stream_waiting_with_nothing_to_send():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.05)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append((box.take(5), time.monotonic())))
+    reader.start()
+    time.sleep(0.1)
+    answered = time.monotonic()
+    box.close("result", {"path": "/images/a.png"})
+    reader.join(10)
+    (items, done), at = got[0]
+    assert items == [("result", {"path": "/images/a.png"})] and done
+    assert at - answered < 1.0  # at once, not at the stream's next check
