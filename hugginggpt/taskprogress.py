@@ -112,8 +112,8 @@ class Relay:
         self.interval = interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._phase: tuple[Any, Any] | None = None
-        self._sent_at: float | None = None
+        self._phase: tuple[Any, Any] | None = None  # pragma: no mutate: any non-tuple start differs from every phase
+        self._sent_at: float | None = None  # pragma: no mutate: read only after the first event (a new phase) set it
 
     def __call__(self, event: dict[str, Any]) -> None:
         cleaned = clean(event)

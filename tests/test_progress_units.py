@@ -645,3 +645,21 @@ def test_the_answer_wakes_a_stream_waiting_with_nothing_to_send():
     (items, done), at = got[0]
     assert items == [("result", {"path": "/images/a.png"})] and done
     assert at - answered < 1.0  # at once, not at the stream's next check
+
+
+def test_a_zero_is_a_reading_not_a_missing_one():
+    """The first reading of a download is 0 bytes of its total; a run about to end has 0 s left."""
+    from hugginggpt.taskprogress import clean, describe
+
+    assert clean({"phase": "downloading", "bytes": 0, "total_bytes": 0, "fraction": 0}) == \
+        {"phase": "downloading", "bytes": 0, "total_bytes": 0, "fraction": 0.0}
+    assert clean({"phase": "running", "step": 0, "steps": 25, "eta": 0}) == \
+        {"phase": "running", "step": 0, "steps": 25, "eta": 0.0}
+    assert describe(clean({"phase": "running", "step": 25, "steps": 25, "eta": 0})) == "step 25 of 25 · about 0 s left"
+
+
+def test_a_fraction_is_kept_to_four_places():
+    from hugginggpt.taskprogress import clean
+
+    assert clean({"phase": "running", "fraction": 0.123456})["fraction"] == 0.1235
+    assert clean({"phase": "running", "fraction": 2 / 3})["fraction"] == 0.6667
