@@ -49,6 +49,26 @@ class Stream:
         return item
 
 
+def bounded(call, seconds: float = 10.0):
+    """`call()` on a thread, at most `seconds`: a relay that never ends fails the test instead of hanging it."""
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(("value", call()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(("raised", exc))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert outcome, f"still running after {seconds} s: no deadline ended it"
+    kind, value = outcome[0]
+    if kind == "raised":
+        raise value
+    return value
+
+
 class Response:
     """Serve's DeploymentResponse: `result(timeout_s=)` waits for the replica, at most timeout_s."""
 
@@ -71,7 +91,7 @@ def test_a_replica_silent_past_the_timeout_ends_a_watched_call_with_a_clear_fail
     stream.send({"progress": {"phase": "running", "step": 1, "steps": 50}})  # then nothing: a stuck replica
     started = time.monotonic()
     with pytest.raises(InferenceFailed, match=r"no answer within 0\.5 s \(task_timeout\)"):
-        relay(stream, Watch(seen.append), 0.5)
+        bounded(lambda: relay(stream, Watch(seen.append), 0.5))
     assert 0.4 <= time.monotonic() - started < 5
     assert seen == [{"phase": "running", "step": 1, "steps": 50}]  # what came before the deadline was passed on
     assert stream.cancels >= 1  # the replica's generator is closed: its run stops at its next step
@@ -93,7 +113,7 @@ def test_the_deadline_is_for_the_whole_call_not_each_event():
     started = time.monotonic()
     try:
         with pytest.raises(InferenceFailed, match="no answer within 1 s"):
-            relay(stream, Watch(seen.append), 1.0)
+            bounded(lambda: relay(stream, Watch(seen.append), 1.0))
     finally:
         stop.set()
     assert time.monotonic() - started < 3 and len(seen) >= 3
@@ -130,7 +150,7 @@ def test_a_stream_that_ends_without_an_answer_is_a_failure_not_a_hang():
 def test_an_unwatched_call_past_the_timeout_says_so_and_is_cancelled():
     late = Response({"result": 1}, takes=5)
     with pytest.raises(InferenceFailed, match=r"no answer within 0\.3 s"):
-        answer_of(late, 0.3)
+        bounded(lambda: answer_of(late, 0.3))
     assert late.cancelled
     quick = Response({"result": 1}, takes=0)
     assert answer_of(quick, 0.3) == {"result": 1} and not quick.cancelled
