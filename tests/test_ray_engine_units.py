@@ -154,3 +154,50 @@ def test_an_unwatched_call_past_the_timeout_says_so_and_is_cancelled():
     assert late.cancelled
     quick = Response({"result": 1}, takes=0)
     assert answer_of(quick, 0.3) == {"result": 1} and not quick.cancelled
+
+
+def test_the_events_still_queued_when_the_answer_comes_are_passed_on_first():
+    """The run's thread hands its last steps to the loop just before its answer: none is dropped."""
+    import asyncio
+
+    from hugginggpt.modelhost.ray_engine import pump
+
+    async def main():
+        events: asyncio.Queue = asyncio.Queue()
+        answer = asyncio.get_running_loop().create_future()
+        for k in (4, 5, 6):  # three steps queued at once, then the answer, before the pump reads any
+            events.put_nowait({"phase": "running", "step": k, "steps": 6})
+        answer.set_result({"result": {"path": "/images/a.png"}})
+        return [item async for item in pump(answer, events)]
+
+    assert asyncio.run(main()) == [{"progress": {"phase": "running", "step": 4, "steps": 6}},
+                                   {"progress": {"phase": "running", "step": 5, "steps": 6}},
+                                   {"progress": {"phase": "running", "step": 6, "steps": 6}},
+                                   {"answer": {"result": {"path": "/images/a.png"}}}]
+
+
+def test_events_made_while_the_run_goes_on_come_as_they_are_made_and_the_answer_last():
+    import asyncio
+
+    from hugginggpt.modelhost.ray_engine import pump
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def run():  # the replica's thread: steps through the loop, as the watch sends them
+            for k in range(1, 4):
+                time.sleep(0.05)
+                loop.call_soon_threadsafe(events.put_nowait, {"step": k})
+            return {"result": "done"}
+
+        answer = asyncio.ensure_future(asyncio.to_thread(run))
+        seen = []
+        async for item in pump(answer, events):
+            seen.append((item, answer.done()))
+        return seen
+
+    seen = asyncio.run(main())
+    assert [item for item, _ in seen] == [{"progress": {"step": 1}}, {"progress": {"step": 2}},
+                                          {"progress": {"step": 3}}, {"answer": {"result": "done"}}]
+    assert not seen[0][1]  # the first step came while the run went on, not after it

@@ -86,16 +86,10 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             self.running.add(answer)  # held until done: a run outlives a front that left
             answer.add_done_callback(self.running.discard)
             try:
-                while not answer.done() or not events.empty():
-                    getter = asyncio.ensure_future(events.get())
-                    await asyncio.wait({answer, getter}, return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        yield {"progress": getter.result()}
-                    else:
-                        getter.cancel()
+                async for item in pump(answer, events):
+                    yield item
             finally:
                 watch.stop()  # the front went away (the generator closed): the run ends at its next step
-            yield {"answer": answer.result()}
 
         async def _dispatch(self, body: dict[str, Any]) -> dict[str, Any]:
             """One request, watched or not: into a batch of its model, or alone under its model's lock."""
@@ -176,6 +170,19 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                 return {"result": result, "files": files}
 
     return ModelReplica
+
+
+async def pump(answer: asyncio.Future[Any], events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """A run's progress events as they come ({"progress": ...}), then its answer ({"answer": ...}): every event made
+    before the answer is passed on, those still queued when the answer came included (a last step)."""
+    while not answer.done() or not events.empty():
+        getter = asyncio.ensure_future(events.get())
+        await asyncio.wait({answer, getter}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            yield {"progress": getter.result()}
+        else:
+            getter.cancel()
+    yield {"answer": answer.result()}
 
 
 def output_paths(result: Any) -> list[str]:
