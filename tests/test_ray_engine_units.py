@@ -189,12 +189,16 @@ def test_events_made_while_the_run_goes_on_come_as_they_are_made_and_the_answer_
             for k in range(1, 4):
                 time.sleep(0.05)
                 loop.call_soon_threadsafe(events.put_nowait, {"step": k})
+            time.sleep(0.05)  # saving the image: the pump waits for an event that will not come
             return {"result": "done"}
 
         answer = asyncio.ensure_future(asyncio.to_thread(run))
         seen = []
         async for item in pump(answer, events):
             seen.append((item, answer.done()))
+        await asyncio.sleep(0.05)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert left == [], left  # no reader of the queue is left waiting for ever, one per call
         return seen
 
     seen = asyncio.run(main())
