@@ -97,6 +97,68 @@ def test_download_bytes_are_sent_at_most_every_gap_but_always_the_first_and_the_
     assert sent[-1] == {"phase": "downloading", "bytes": 5, "total_bytes": None, "fraction": None}
 
 
+def test_fractions_are_capped_and_kept_to_four_places_and_a_step_count_of_zero_has_none():
+    watch, sent, _ = watch_with_clock()
+    watch.step(1, 3)
+    watch.step(4, 3)  # a pipeline that ran one more than it said
+    watch.step(1, 1)
+    watch.step(1, 0)
+    assert [e["fraction"] for e in sent] == [0.3333, 1.0, 1.0, None]
+    watch.downloaded(1, 3)
+    watch.downloaded(400, 300)  # a total that grew after the last reading
+    assert [e["fraction"] for e in sent[4:]] == [0.3333, 1.0]
+
+
+def test_an_eta_is_in_seconds_to_two_places_and_a_step_said_twice_makes_none():
+    watch, sent, clock = watch_with_clock()
+    watch.step(1, 5)
+    watch.step(1, 5)  # a pipeline's callback called twice for one step: no pace from no progress
+    clock.now += 0.123456
+    watch.step(2, 5)
+    assert "eta" not in sent[1] and sent[2]["eta"] == 0.37  # 3 steps left at 0.123456 s each
+
+
+def test_the_client_leaving_is_said_in_words():
+    watch, _, _ = watch_with_clock()
+    watch.stop()
+    with pytest.raises(Cancelled, match="^the client left while the model ran$"):
+        watch.step(1, 2)
+    with pytest.raises(Cancelled, match="^the client left while the model ran$"):
+        watch.relay({"phase": "running", "step": 1, "steps": 2})
+
+
+def test_a_download_reading_exactly_a_gap_after_the_last_is_sent_and_stands_for_its_phase():
+    watch, sent, clock = watch_with_clock(byte_gap=0.25)
+    watch.downloaded(10, 100)
+    clock.now += 0.25
+    watch.downloaded(20, 100)
+    watch.phase("downloading")  # the phase the readings already said
+    assert [e.get("bytes") for e in sent] == [10, 20]
+
+
+def test_a_relayed_event_passes_as_it_is_and_stands_for_its_phase():
+    """A Ray replica's events, passed on by the front: as they came, and a phase already said is not said again."""
+    watch, sent, _ = watch_with_clock()
+    event = {"phase": "queued", "waiting": "in a batch with other requests for this model"}
+    watch.relay(event)
+    watch.phase("queued", "in a batch with other requests for this model")
+    watch.relay({"phase": "running", "step": 1, "steps": 2, "fraction": 0.5})
+    assert sent == [event, {"phase": "running", "step": 1, "steps": 2, "fraction": 0.5}]
+
+
+def test_a_pipeline_without_a_count_of_its_own_steps_reports_the_steps_asked():
+    class Plain:  # no `_num_timesteps`: a community pipeline
+        def __call__(self, prompt, num_inference_steps=1, callback_on_step_end=None):
+            for i in range(num_inference_steps):
+                callback_on_step_end(self, i, 999 - i, {})
+
+    watch, sent, _ = watch_with_clock()
+    with progress.watching(watch):
+        pipe = Plain()
+        pipe("x", 3, **progress.diffusion_steps(pipe, 3))
+    assert [(e.get("step"), e.get("steps")) for e in sent] == [(None, None), (1, 3), (2, 3), (3, 3)]
+
+
 def test_nobody_watching_costs_the_work_nothing_and_adds_no_arguments():
     class Pipe:
         def __call__(self, prompt, num_inference_steps=1, callback_on_step_end=None):
@@ -151,7 +213,7 @@ def test_token_steps_count_new_tokens_not_the_prompt():
     streamer.put(torch.tensor([4]))
     streamer.end()
     assert [e.get("step") for e in sent] == [None, 1, 3, 4]
-    assert all(e["steps"] == 4 for e in sent[1:])
+    assert sent[0] == {"phase": "running"} and all(e["steps"] == 4 for e in sent[1:])
 
 
 def test_waiting_for_a_held_lock_says_queued_first_and_a_free_lock_says_nothing():
@@ -663,3 +725,55 @@ def test_a_fraction_is_kept_to_four_places():
 
     assert clean({"phase": "running", "fraction": 0.123456})["fraction"] == 0.1235
     assert clean({"phase": "running", "fraction": 2 / 3})["fraction"] == 0.6667
+
+
+def test_a_stream_is_an_event_stream_no_proxy_buffers_or_caches():
+    from hugginggpt.modelhost.progress_stream import stream_call
+
+    resp = stream_call(lambda: (200, {"path": "/images/a.png"}, {}), None, name="test-call")
+    assert resp.mimetype == "text/event-stream"
+    assert resp.headers["Cache-Control"] == "no-cache" and resp.headers["X-Accel-Buffering"] == "no"
+    assert list(resp.response) == ['event: result\ndata: {"path":"/images/a.png"}\n\n']
+
+
+def test_steps_sent_together_are_still_one_event_each_then_the_answer_or_the_error_with_its_status():
+    def steps_then(status, payload):
+        def call():
+            watch = progress.current()
+            for k in (1, 2, 3):
+                watch.step(k, 3)
+            return status, payload, {}
+        return call
+
+    text = "".join(stream_of(steps_then(200, {"path": "/images/a.png"})))
+    events = [block for block in text.split("\n\n") if block]
+    assert [e.split("\n")[0] for e in events] == ["event: progress"] * 3 + ["event: result"]
+    assert [json.loads(e.split("data: ", 1)[1]).get("step") for e in events[:3]] == [1, 2, 3]
+    text = "".join(stream_of(steps_then(503, {"error": {"message": "no room", "type": "no_room"}})))
+    last = [block for block in text.split("\n\n") if block][-1]
+    assert last.startswith("event: error\n")
+    assert json.loads(last.split("data: ", 1)[1]) == {"error": {"message": "no room", "type": "no_room"}, "status": 503}
+
+
+def test_a_failure_that_escapes_the_call_is_logged_with_its_traceback(caplog):
+    def broken():
+        raise RuntimeError("deep inside the pipeline")
+
+    with caplog.at_level("ERROR", logger="hugginggpt.modelhost.progress_stream"):
+        stream_of(broken)
+    records = [r for r in caplog.records if r.name == "hugginggpt.modelhost.progress_stream"]
+    assert [r.getMessage() for r in records] == ["a streamed call failed"] and records[0].exc_info[0] is RuntimeError
+
+
+def test_a_long_silence_gets_keep_alive_comments_and_an_event_starts_the_count_again():
+    from hugginggpt.modelhost.progress_stream import stream_call
+
+    def slow():
+        time.sleep(2.2)  # a load: nothing to say for a while
+        progress.current().phase("running")
+        time.sleep(0.7)  # under the keep-alive interval since the last event: no comment
+        return 200, {"ok": True}, {}
+
+    chunks = list(stream_call(slow, None, name="test-call", keep_alive=1.0).response)
+    assert chunks[:2] == [": keep-alive\n\n", ": keep-alive\n\n"]  # at 1 s and 2 s of silence
+    assert chunks[2:] == ['event: progress\ndata: {"phase":"running"}\n\n', 'event: result\ndata: {"ok":true}\n\n']

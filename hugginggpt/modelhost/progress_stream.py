@@ -111,7 +111,8 @@ class Outbox:
                 self._ready.wait(min(deadline, self._due) - now if self._items else deadline - now)
 
 
-def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | None, *, name: str) -> Response:
+def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | None, *, name: str,
+                keep_alive: float = KEEP_ALIVE_SECONDS) -> Response:
     """Run `call` on a thread of its own under a `Watch`, and stream its progress, then its answer."""
     outbox = Outbox()
     watch = Watch(lambda event: outbox.put("progress", event))
@@ -126,7 +127,9 @@ def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | N
             answer = ("error", {"error": {"message": f"internal error ({exc.__class__.__name__})"}, "status": 500})
         outbox.close(*answer)
 
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(work,), name=name, daemon=True)
+    # the thread's name is for debuggers; a daemon, so that a stuck model never holds up the server's exit
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(work,),
+                              name=name, daemon=True)  # pragma: no mutate: neither is seen by a client
     thread.start()
 
     def generate() -> Iterator[str]:
@@ -144,7 +147,7 @@ def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | N
                     watch.stop()
                     return
                 silent += CHECK_SECONDS
-                if silent >= KEEP_ALIVE_SECONDS:
+                if silent >= keep_alive:
                     silent = 0.0
                     yield ": keep-alive\n\n"
         except BaseException:  # the client left (GeneratorExit at a yield), or the stream broke: stop the work
