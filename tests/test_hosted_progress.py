@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from PIL import Image
 
 from hugginggpt import taskprogress
@@ -23,8 +24,13 @@ def restyle(public_dir) -> TaskInputs:
     return TaskInputs("image-to-image", text="as a watercolour", image=resolve("/examples/red.png", public_dir, 10**7, 5))
 
 
-def test_a_fal_queue_position_and_its_start_are_the_task_s_progress(fake, urls, public_dir):  # noqa: F811
-    router, _ = urls
+@pytest.mark.parametrize("written", ["{router}", "{router}/", "{upper}", "{padded}"])
+def test_a_fal_queue_position_and_its_start_are_the_task_s_progress(fake, urls, public_dir, written):  # noqa: F811
+    """However the router's URL is written in the config (a trailing slash, an upper-case host)."""
+    base, _ = urls
+    host, port = base.rsplit(":", 1)
+    router = written.format(router=base, upper=base.replace("http://127.0.0.1", "HTTP://127.0.0.1"),
+                            padded=f"{host}:0{port}")  # as sent: port 08123 is 8123
     fake.serve(RESTYLER, "image-to-image", Served("fal-ai", "fal-ai/restyler/dev", "image-to-image"))
     fake.fal_queue["fal-ai/restyler/dev"] = [2, 1, 0, "IN_PROGRESS", "IN_PROGRESS"]
     seen: list[dict] = []

@@ -777,3 +777,13 @@ def test_a_long_silence_gets_keep_alive_comments_and_an_event_starts_the_count_a
     chunks = list(stream_call(slow, None, name="test-call", keep_alive=1.0).response)
     assert chunks[:2] == [": keep-alive\n\n", ": keep-alive\n\n"]  # at 1 s and 2 s of silence
     assert chunks[2:] == ['event: progress\ndata: {"phase":"running"}\n\n', 'event: result\ndata: {"ok":true}\n\n']
+
+
+def test_a_task_whose_call_raised_leaves_no_listener_behind():
+    """The next call on this thread (another task's) must not report to the failed task's listener."""
+    heard: list[dict] = []
+    with pytest.raises(BackendError):
+        with taskprogress.listening(heard.append):
+            raise BackendError("the model failed")
+    taskprogress.report({"phase": "running", "step": 1, "steps": 2})
+    assert heard == []
