@@ -718,6 +718,7 @@ def test_a_zero_is_a_reading_not_a_missing_one():
     assert clean({"phase": "running", "step": 0, "steps": 25, "eta": 0}) == \
         {"phase": "running", "step": 0, "steps": 25, "eta": 0.0}
     assert describe(clean({"phase": "running", "step": 25, "steps": 25, "eta": 0})) == "step 25 of 25 · about 0 s left"
+    assert describe(clean({"phase": "running", "step": 0, "steps": 25})) == "step 0 of 25"  # a generator's start
 
 
 def test_a_fraction_is_kept_to_four_places():
