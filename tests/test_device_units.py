@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hugginggpt.modelhost.device import free_memory_reader, memory_report, resolve_device
+from hugginggpt.modelhost import device as device_module
+from hugginggpt.modelhost.device import free_memory_reader, memory_report, resolve_device, version_problems
 
 GIB = 2**30
 
@@ -28,8 +29,12 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * GIB)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * GIB)
+    # each card's allocator: cuda:0 reserved 3 GiB (1 in use), cuda:1 reserved 3 GiB (1 in use); asking with no
+    # device (the current card) is what the code must not do: the current card need not be the models' card
+    reserved = {"cuda:0": 3 * GIB, "cuda:1": 3 * GIB}
+    allocated = {"cuda:0": 1 * GIB, "cuda:1": 1 * GIB}
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[str(device)])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated[str(device)])
     return asked
 
 
@@ -77,3 +82,28 @@ def test_on_the_cpu_the_report_is_the_resident_set_size():
     rss = memory_report("cpu")["rss_bytes"]
     kib = int(re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
     assert abs(rss - kib * 1024) < 0.1 * kib * 1024  # resident, in bytes (not pages, not the virtual size)
+
+
+def test_a_library_older_than_the_server_needs_is_named_with_the_upgrade_to_make(monkeypatch):
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    torch_now = ".".join(str(n) for n in Version(version("torch")).release)
+    monkeypatch.setattr(device_module, "MINIMUM_VERSIONS", {"torch": "99.1", "packaging": "1.0"})
+    assert version_problems() == [f"torch {version('torch')} is older than this server can serve: upgrade to torch>=99.1"]
+    monkeypatch.setattr(device_module, "MINIMUM_VERSIONS", {"torch": torch_now})  # exactly the least: fine
+    assert version_problems() == []
+
+
+def test_a_missing_library_is_named_only_where_the_server_needs_it(monkeypatch):
+    from importlib.metadata import version
+
+    monkeypatch.setattr(device_module, "MINIMUM_VERSIONS", {"no-such-library-xyz": "1.0", "another-missing-one": "2.0",
+                                                            "torch": "99.0"})
+    assert version_problems(required=("no-such-library-xyz", "another-missing-one")) == [
+        "no-such-library-xyz is not installed (this server needs no-such-library-xyz>=1.0)",
+        "another-missing-one is not installed (this server needs another-missing-one>=2.0)",
+        f"torch {version('torch')} is older than this server can serve: upgrade to torch>=99.0"]  # one missing
+    assert version_problems(required=()) == [  # library does not hide the next; an optional one is not named
+        f"torch {version('torch')} is older than this server can serve: upgrade to torch>=99.0"]
