@@ -46,6 +46,7 @@ class LocalEngine:
         if batchable is None:
             with self.pool.use(spec) as loaded:
                 result = handle(spec.task, loaded, inputs)
+            batch_size_var.set(1)
             return result
         item = batchable.prepare(inputs)  # a bad input is refused here, before it joins a batch
 
