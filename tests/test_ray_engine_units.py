@@ -13,7 +13,7 @@ import pytest
 
 from hugginggpt.cancel import Cancelled
 from hugginggpt.modelhost.pool import InferenceFailed
-from hugginggpt.modelhost.progress import Watch
+from hugginggpt.modelhost.progress import Watch, watching
 from hugginggpt.modelhost.ray_engine import answer_of, relay
 
 try:
@@ -205,3 +205,121 @@ def test_events_made_while_the_run_goes_on_come_as_they_are_made_and_the_answer_
     assert [item for item, _ in seen] == [{"progress": {"step": 1}}, {"progress": {"step": 2}},
                                           {"progress": {"step": 3}}, {"answer": {"result": "done"}}]
     assert not seen[0][1]  # the first step came while the run went on, not after it
+
+
+# -- the front's part of a call: inputs sent as bytes, the replica's answer turned into the server's -------------
+
+
+class Handle:
+    """Serve's DeploymentHandle as the front uses it: `.options(multiplexed_model_id=..., stream=...)`, then
+    `.infer.remote(body)` (a DeploymentResponse) or `.infer_watched.remote(body)` (a stream)."""
+
+    def __init__(self, answer: dict, events: list[dict] | None = None):
+        self.answer, self.events = answer, events or []
+        self.sent: list[tuple[dict, dict]] = []  # (options, body)
+
+    def options(self, **kw):
+        handle = Handle(self.answer, self.events)
+        handle.sent = self.sent
+        handle.opts = {**getattr(self, "opts", {}), **kw}
+        return handle
+
+    def __getattr__(self, method):
+        if method not in ("infer", "infer_watched"):
+            raise AttributeError(method)
+        outer = self
+
+        class Method:
+            def remote(self, body):
+                outer.sent.append((dict(getattr(outer, "opts", {})), body))
+                if method == "infer":
+                    return Response(outer.answer, takes=0)
+                stream = Stream()
+                for event in outer.events:
+                    stream.send({"progress": event})
+                stream.send({"answer": outer.answer})
+                return stream
+        return Method()
+
+
+def front(tmp_path, answer: dict, events: list[dict] | None = None, share: float = 0.0):
+    from hugginggpt.modelhost.ray_engine import RayEngine
+
+    engine = object.__new__(RayEngine)  # the front without starting Ray: its handles are Serve's stand-ins
+    engine.public_dir, engine.timeout, engine.device_name = tmp_path / "public", 30.0, "cpu"
+    engine.handles = {share: Handle(answer, events)}
+    return engine
+
+
+def spec(task="text-to-image", model="acme/sd", gpu_fraction=0.5):
+    from hugginggpt.modelhost.registry import ModelSpec
+
+    return ModelSpec(id=model, task=task, loader="pipeline", level="standard", gpu_fraction=gpu_fraction)
+
+
+def test_a_generated_file_comes_back_as_bytes_and_is_written_into_the_front_s_public_folder(tmp_path):
+    from hugginggpt.modelhost.handlers import Inputs
+
+    engine = front(tmp_path, {"result": {"path": "/images/ab12.png"}, "files": {"/images/ab12.png": b"PNG bytes"}})
+    got = engine.infer(spec(), Inputs({"text": "a lighthouse"}, tmp_path / "public"))
+    assert got == {"path": "/images/ab12.png"}
+    assert (tmp_path / "public" / "images" / "ab12.png").read_bytes() == b"PNG bytes"
+    options, body = engine.handles[0.0].sent[0]
+    assert options == {"multiplexed_model_id": "acme/sd"} and body == {"text": "a lighthouse"}
+
+
+@pytest.mark.parametrize("path", ["/images/../../etc/cron.d/x", "/secrets/key.png", "images/a.png", "/images/",
+                                  "/images/a/b.png", "/images/.hidden"])
+def test_a_replica_naming_a_file_outside_the_output_folders_is_refused_and_nothing_is_written(tmp_path, path):
+    from hugginggpt.modelhost.handlers import Inputs
+
+    engine = front(tmp_path, {"result": {"path": path}, "files": {path: b"x"}})
+    with pytest.raises(InferenceFailed, match="a replica named an output outside images/audios/videos"):
+        engine.infer(spec(), Inputs({"text": "a"}, tmp_path / "public"))
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("kind, error", [("bad_request", "BadRequest"), ("cancelled", "Cancelled"),
+                                         ("unavailable", "ModelUnavailable"), ("failed", "InferenceFailed"),
+                                         ("something new", "InferenceFailed")])
+def test_a_replica_s_error_becomes_the_server_s_error_of_its_kind_with_its_message(tmp_path, kind, error):
+    from hugginggpt.modelhost.handlers import Inputs
+
+    engine = front(tmp_path, {"error": {"kind": kind, "message": "what the replica said"}})
+    with pytest.raises(Exception, match="^what the replica said$") as raised:
+        engine.infer(spec(), Inputs({"text": "a"}, tmp_path / "public"))
+    assert type(raised.value).__name__ == error
+
+
+def test_a_watched_call_passes_the_replica_s_events_on_and_gets_its_answer(tmp_path):
+    from hugginggpt.modelhost.batching import batch_size_var
+    from hugginggpt.modelhost.handlers import Inputs
+
+    events = [{"phase": "loading"}, {"phase": "running", "step": 1, "steps": 2}]
+    engine = front(tmp_path, {"result": {"label": "POSITIVE"}, "files": {}, "batch": 3}, events)
+    seen: list[dict] = []
+    with watching(Watch(seen.append)):
+        assert engine.infer(spec(task="text-classification"), Inputs({"text": "a"}, tmp_path)) == {"label": "POSITIVE"}
+    assert seen == events
+    assert engine.handles[0.0].sent[0][0] == {"multiplexed_model_id": "acme/sd", "stream": True}
+    assert batch_size_var.get() == 3  # the replica's batch, as the X-Batch-Size header says it
+
+
+def test_an_image_named_by_path_travels_to_the_replica_as_a_data_uri(tmp_path):
+    from hugginggpt.modelhost.handlers import Inputs
+    from tests.conftest import make_public
+
+    public = make_public(tmp_path / "public")
+    engine = front(tmp_path, {"result": [{"label": "red"}], "files": {}})
+    engine.infer(spec(task="image-classification"), Inputs({"img_url": "/examples/red.png", "text": ""}, public))
+    body = engine.handles[0.0].sent[0][1]
+    assert body["img_url"].startswith("data:image/png;base64,") and body["text"] == ""  # the replica has no disk
+
+
+def test_gpu_shares_apply_on_cuda_only_and_outputs_are_the_result_s_paths():
+    from hugginggpt.modelhost.ray_engine import RayEngine, output_paths
+
+    assert RayEngine.gpu_share(spec(gpu_fraction=0.5), "cuda:0") == 0.5
+    assert RayEngine.gpu_share(spec(gpu_fraction=0.5), "cpu") == 0.0
+    assert output_paths({"path": "/images/a.png", "paths": ["/videos/b.mp4", 3]}) == ["/images/a.png", "/videos/b.mp4"]
+    assert output_paths({"path": 3, "paths": "/images/a.png"}) == [] and output_paths(["/images/a.png"]) == []
