@@ -651,7 +651,8 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     with caplog.at_level(logging.INFO, logger=discover.__name__), pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
     assert (err.value.status, err.value.kind) == (502, "download_failed")
-    assert str(err.value) == "downloading o/m from the Hub failed before any weights arrived (OSError: disk full)"
+    assert str(err.value) == ("downloading o/m from the Hub failed before any weights arrived, with config.json, "
+                              "model.safetensors not downloaded (OSError: disk full)")
     assert err.value.__cause__ is None and err.value.__suppress_context__
     warning = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warning) == 1 and warning[0].getMessage() == ("o/m: download failed: OSError: " + (
@@ -664,7 +665,8 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     d._download = silent  # noqa: SLF001
     with pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
-    assert str(err.value) == "downloading o/m from the Hub failed before any weights arrived (RuntimeError: )"
+    assert str(err.value) == ("downloading o/m from the Hub failed before any weights arrived, with config.json, "
+                              "model.safetensors not downloaded (RuntimeError: )")
     long = "y" * 250
 
     def wordy(**kwargs):
@@ -673,8 +675,8 @@ def test_a_failing_download_is_reported_in_one_line(tmp_path, monkeypatch, caplo
     d._download = wordy  # noqa: SLF001
     with pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
-    assert str(err.value) == (f"downloading o/m from the Hub failed before any weights arrived (RuntimeError: "
-                              f"{'y' * 200})")
+    assert str(err.value) == (f"downloading o/m from the Hub failed before any weights arrived, with config.json, "
+                              f"model.safetensors not downloaded (RuntimeError: {'y' * 200})")
 
 
 def test_a_download_whose_files_vanish_is_an_internal_error(tmp_path, monkeypatch):
@@ -929,9 +931,24 @@ def test_a_download_cut_midway_says_how_far_its_weights_got_and_a_watcher_saw_th
     d = Discovery(DiscoveryPolicy("local"), tmp_path, downloader=cut)
     with progress.watching(watch), pytest.raises(DiscoveryRefused) as err:
         d.ensure("o/m")
-    assert str(err.value) == ("downloading o/m from the Hub failed after 3.0 of 4.0 MB of weights (OSError: "
-                              "Connection reset by peer)")
+    assert str(err.value) == ("downloading o/m from the Hub failed after 3.0 of 4.0 MB of weights, with model.safetensors "
+                              "not downloaded (OSError: Connection reset by peer)")  # the file that was cut
     assert events[0] == {"phase": "downloading"}
     assert [(e["bytes"], e["total_bytes"]) for e in events[1:]] == [
         (1_000_000, 4_000_000), (2_000_000, 4_000_000), (3_000_000, 4_000_000)]
     assert [e["fraction"] for e in events[1:]] == [0.25, 0.5, 0.75]
+
+
+def test_a_failed_download_names_up_to_three_files_it_left_missing(tmp_path):
+    from hugginggpt.modelhost.discover import unfinished
+
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "config.json").write_text("{}")
+    files = ["unet/config.json", "unet/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
+             "text_encoder/model.safetensors", "tokenizer/vocab.json"]
+    assert unfinished(tmp_path, files) == (", with unet/diffusion_pytorch_model.safetensors, "
+                                           "vae/diffusion_pytorch_model.safetensors, text_encoder/model.safetensors "
+                                           "and 1 more not downloaded")
+    assert unfinished(tmp_path, files[:3]) == (", with unet/diffusion_pytorch_model.safetensors, "
+                                               "vae/diffusion_pytorch_model.safetensors not downloaded")
+    assert unfinished(tmp_path, ["unet/config.json"]) == ""

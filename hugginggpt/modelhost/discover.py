@@ -233,6 +233,16 @@ class Received:
         return f"after {self.bytes / 1e6:.1f}{of} MB of weights"
 
 
+def unfinished(folder: Path, files: Iterable[str], shown: int = 3) -> str:
+    """Which of a model's files a failed download left missing (the repository's names, as the Hub lists them:
+    huggingface_hub puts a file in place only once it is whole), for the failure's message; "" when none."""
+    missing = [f for f in files if not (folder / f).is_file()]
+    if not missing:
+        return ""
+    more = f" and {len(missing) - shown} more" if len(missing) > shown else ""
+    return f", with {', '.join(missing[:shown])}{more} not downloaded"
+
+
 class _LoggedProgress:
     """A tqdm class for snapshot_download that logs byte progress every few seconds instead of drawing bars."""
 
@@ -532,9 +542,9 @@ class Discovery:
             raise
         except Exception as exc:  # noqa: BLE001 - network, disk, Hub errors: the request gets a clear answer
             log.warning("%s: download failed: %s: %s", spec.id, exc.__class__.__name__, str(exc)[:300])
-            raise DiscoveryRefused(f"downloading {spec.id} from the Hub failed {seen.said()} ({exc.__class__.__name__}: "
-                                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''})", 502,
-                                   "download_failed") from None
+            raise DiscoveryRefused(f"downloading {spec.id} from the Hub failed {seen.said()}{unfinished(folder, spec.files)}"
+                                   f" ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
+                                   502, "download_failed") from None
         finally:
             with self._guard:
                 self.active.discard(spec.id)
