@@ -113,9 +113,9 @@ def test_an_eta_is_in_seconds_to_two_places_and_a_step_said_twice_makes_none():
     watch, sent, clock = watch_with_clock()
     watch.step(1, 5)
     watch.step(1, 5)  # a pipeline's callback called twice for one step: no pace from no progress
-    clock.now += 0.123456
+    clock.now += 0.1111
     watch.step(2, 5)
-    assert "eta" not in sent[1] and sent[2]["eta"] == 0.37  # 3 steps left at 0.123456 s each
+    assert "eta" not in sent[1] and sent[2]["eta"] == 0.33  # 3 steps left at 0.1111 s each
 
 
 def test_the_client_leaving_is_said_in_words():
@@ -775,8 +775,12 @@ def test_a_long_silence_gets_keep_alive_comments_and_an_event_starts_the_count_a
         time.sleep(0.7)  # under the keep-alive interval since the last event: no comment
         return 200, {"ok": True}, {}
 
-    chunks = list(stream_call(slow, None, name="test-call", keep_alive=1.0).response)
+    started = time.monotonic()
+    timed = [(chunk, time.monotonic() - started)
+             for chunk in stream_call(slow, None, name="test-call", keep_alive=1.0).response]
+    chunks = [chunk for chunk, _ in timed]
     assert chunks[:2] == [": keep-alive\n\n", ": keep-alive\n\n"]  # at 1 s and 2 s of silence
+    assert 0.9 <= timed[0][1] < 1.6, timed  # a full interval of silence first
     assert chunks[2:] == ['event: progress\ndata: {"phase":"running"}\n\n', 'event: result\ndata: {"ok":true}\n\n']
 
 
@@ -788,3 +792,33 @@ def test_a_task_whose_call_raised_leaves_no_listener_behind():
             raise BackendError("the model failed")
     taskprogress.report({"phase": "running", "step": 1, "steps": 2})
     assert heard == []
+
+
+def test_a_download_reading_starts_the_write_gap_as_a_step_does():
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=5.0)
+    box.put("progress", {"phase": "downloading", "bytes": 10, "total_bytes": 100})
+    assert box.take(1)[0] == [("progress", {"phase": "downloading", "bytes": 10, "total_bytes": 100})]
+    box.put("progress", {"phase": "downloading", "bytes": 20, "total_bytes": 100})
+    assert box.take(0.3) == ([], False)  # held for the gap
+
+
+def test_an_idle_stream_sleeps_while_it_waits():
+    """After a write, with nothing to send, the wait is a sleep until the next check, not a loop."""
+    from hugginggpt.modelhost.progress_stream import Outbox
+
+    box = Outbox(gap=0.01)
+    box.put("progress", {"step": 1})
+    box.take(1)
+    time.sleep(0.05)  # the gap is over, nothing is pending
+    cpu = time.thread_time()
+    assert box.take(0.5) == ([], False)
+    assert time.thread_time() - cpu < 0.2
+
+
+@pytest.mark.parametrize("accept, wanted", [("text/event-stream;level=1;q=0", False),
+                                            ("text/event-stream;q=0=1", False),
+                                            ("text/event-stream; charset=utf-8; q=0.5", True)])
+def test_the_quality_is_read_among_other_parameters(accept, wanted):
+    assert wants_events(accept) is wanted

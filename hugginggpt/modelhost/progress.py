@@ -42,7 +42,7 @@ class Watch:
         self.byte_gap = byte_gap
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        self._last_phase: tuple[Any, ...] | None = None
+        self._last_phase: tuple[Any, ...] | None = None  # pragma: no mutate: no phase key is falsy
         self._first_step: tuple[int, float] | None = None  # (step, when it ended)
         self._bytes_sent_at: float | None = None
 
@@ -180,7 +180,7 @@ def token_steps(limit: int) -> dict[str, Any]:
 
     class Steps(BaseStreamer):
         def __init__(self) -> None:
-            self.seen_prompt = False
+            self.seen_prompt = False  # pragma: no mutate: None is as false
             self.made = 0
 
         def put(self, value: Any) -> None:

