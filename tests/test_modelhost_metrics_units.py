@@ -104,3 +104,16 @@ def test_each_server_has_its_own_registry_and_the_exposition_is_prometheus_text(
     assert ("models_server_calls_total", (("model", "acme/sd"), ("outcome", "ok"))) not in \
         scrape(two)["models_server_calls"]["samples"]
     assert CONTENT_TYPE == CONTENT_TYPE_LATEST and isinstance(one.exposition(), bytes)
+
+
+def test_a_catalog_larger_than_the_discovered_cap_keeps_every_name():
+    catalog = tuple(f"acme/model-{n}" for n in range(250))
+    metrics = ModelsMetrics(engine(catalog=catalog), cap=2)
+    assert all(metrics.model_label(m) == m for m in catalog)
+
+
+def test_an_engine_without_a_registry_is_counted_too():
+    metrics = ModelsMetrics(SimpleNamespace(loaded=dict), cap=1)  # no registry, no pool: an engine of its own
+    metrics.call("hub/one", True, 0.1)
+    assert ("models_server_calls_total", (("model", "hub/one"), ("outcome", "ok"))) in \
+        scrape(metrics)["models_server_calls"]["samples"]

@@ -33,7 +33,7 @@ class PoolCollector:
     def collect(self) -> Iterator[Any]:
         loaded = self.engine.loaded()
         yield GaugeMetricFamily("models_server_models_loaded", "Models held in memory now", value=len(loaded))
-        used = sum(getattr(entry, "nbytes", 0) or 0 for entry in loaded.values())
+        used = sum(getattr(entry, "nbytes", 0) or 0 for entry in loaded.values())  # pragma: no mutate: 0 or None alike
         yield GaugeMetricFamily("models_server_memory_used_bytes", "Memory the loaded models take", value=used)
         pool = getattr(self.engine, "pool", None)
         budget = getattr(pool, "budget", None)
@@ -49,7 +49,7 @@ class PoolCollector:
 class ModelsMetrics:
     def __init__(self, engine: Any, cap: int = MAX_MODEL_LABELS):
         registry = getattr(engine, "registry", None)
-        catalog = frozenset(getattr(registry, "catalog_ids", ()) or ())
+        catalog = frozenset(getattr(registry, "catalog_ids", ()) or ())  # pragma: no mutate: None or () alike
         self.catalog_label = BoundedLabel(catalog.__contains__, len(catalog))  # the registry's models, any level
         self.discovered_label = BoundedLabel(lambda _: True, cap)  # those downloaded on request
         r = self.registry = CollectorRegistry()
