@@ -256,3 +256,9 @@ def test_a_bad_input_is_refused_at_once_and_the_others_answer(site, alone):
     sizes = [size for _, size in answers]
     assert_sizes_are_whole_batches(sizes)
     assert max(sizes) > 1, sizes
+
+
+def test_a_batch_of_two_is_a_batch(site):
+    """max_batch_size: 2 batches (only 1 turns batching off)."""
+    batcher = Batcher(max_size=2, wait_s=0.3)
+    assert LocalEngine(new_pool(site), batcher).batcher is batcher
