@@ -35,6 +35,18 @@ class Mutation:
     tests: tuple[str, ...]
 
 
+# cli.py's progress printer between the two lines `progress-lines-unlocked` changes (the write of a line, now in two
+# pieces, and the lock around it): the same in the old text and the new.
+_PRINTER_BODY = (
+    '        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off\n'
+    '        for line in live.values():\n'
+    '            out.write(line[:width] + "\\n")\n'
+    '        drawn[0] = len(live)\n'
+    '        out.flush()\n'
+    '\n'
+    '    def say(text: str) -> None:\n'
+)
+
 MUTATIONS: tuple[Mutation, ...] = (
     # -- (a) Changes over several lines that none of mutmut's operators makes (it swaps operators, bumps numbers and
     #        strings, drops or blanks arguments, flips keywords, `x = ...` to `x = None`): a fallback that takes the
@@ -57,26 +69,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/test_plan_streaming.py::test_held_events_go_out_before_any_event_that_comes_while_they_are_released",)),
     Mutation("progress-lines-unlocked", "hugginggpt/cli.py",
              '        if text is not None:\n'
-             '            out.write(text + "\\n")\n'
-             '        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off\n'
-             '        for line in live.values():\n'
-             '            out.write(line[:width] + "\\n")\n'
-             '        drawn[0] = len(live)\n'
-             '        out.flush()\n'
-             '\n'
-             '    def say(text: str) -> None:\n'
+             '            out.write(text + "\\n")\n' + _PRINTER_BODY +
              '        with lock:\n'
              '            redraw(text)\n',
              '        if text is not None:\n'
              '            out.write(text)\n'
-             '            out.write("\\n")\n'
-             '        width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would throw the count off\n'
-             '        for line in live.values():\n'
-             '            out.write(line[:width] + "\\n")\n'
-             '        drawn[0] = len(live)\n'
-             '        out.flush()\n'
-             '\n'
-             '    def say(text: str) -> None:\n'
+             '            out.write("\\n")\n' + _PRINTER_BODY +
              '        if True:\n'
              '            redraw(text)\n',
              ("tests/test_cli_pty.py::test_progress_lines_from_many_threads_are_never_glued",)),
