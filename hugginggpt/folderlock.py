@@ -31,6 +31,5 @@ def _hold(folder: Path, thread_lock: threading.Lock | None = None) -> Iterator[N
             os.close(fd)  # closing the descriptor drops its lock
 
 
-
 # Wrapped here, not decorated: mutmut leaves decorated functions unmutated, and this one guards shared files.
 locked_folder = contextmanager(_hold)

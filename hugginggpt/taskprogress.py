@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-QUEUED, DOWNLOADING, LOADING, RUNNING = "queued", "downloading", "loading", "running"
-PHASES = (QUEUED, DOWNLOADING, LOADING, RUNNING)
+from .modelhost.progress import PHASES  # the models server's phases: one vocabulary on both sides
+
 MAX_WAITING = 200  # characters of a `waiting` sentence
 
 Listener = Callable[[dict[str, Any]], None]

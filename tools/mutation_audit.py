@@ -306,9 +306,14 @@ def statuses(folder: Path, module: Module) -> dict[str, str]:
     return {name: status for name, (status, _took) in verdicts(folder, module).items()}
 
 
+def module_files(module: Module) -> list[Path]:
+    """The .py files a module's `path` names."""
+    return sorted(p for p in ROOT.glob(module.path) if p.suffix == ".py")
+
+
 def excluded_lines(module: Module) -> int:
     count = 0
-    for path in sorted(p for p in ROOT.glob(module.path) if p.suffix == ".py"):
+    for path in module_files(module):
         count += sum("pragma: no mutate" in line for line in path.read_text().splitlines())
     return count
 
@@ -329,8 +334,7 @@ def decorated_functions(source: str) -> list[tuple[str, int]]:
 
 
 def decorated_lines(module: Module) -> int:
-    return sum(lines for path in sorted(p for p in ROOT.glob(module.path) if p.suffix == ".py")
-               for _name, lines in decorated_functions(path.read_text()))
+    return sum(lines for path in module_files(module) for _name, lines in decorated_functions(path.read_text()))
 
 
 def score_of(folder: Path, module: Module) -> Score:

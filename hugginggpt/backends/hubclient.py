@@ -184,11 +184,12 @@ def install_hub_client(proxy: str | None) -> None:
             return
         from huggingface_hub import set_client_factory
 
+        hooks: dict[str, list[Any]] = {"request": [on_request], "response": [on_response]}
         try:
             from huggingface_hub.utils._http import hf_request_event_hook  # offline mode, request ids
-            hooks = {"request": [on_request, hf_request_event_hook], "response": [on_response]}
+            hooks["request"].append(hf_request_event_hook)
         except ImportError:  # pragma: no cover - a huggingface_hub without it
-            hooks = {"request": [on_request], "response": [on_response]}
+            pass
 
         def factory() -> httpx2.Client:
             client = httpx2.Client(proxy=proxy, event_hooks=hooks, follow_redirects=True, timeout=None)

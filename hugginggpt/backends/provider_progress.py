@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from .. import taskprogress
+from ..modelhost.progress import QUEUED, RUNNING
 
 # <router>/<provider>/<app...>/requests/<id>/status: fal's queue status, as huggingface_hub asks for it
 QUEUE_STATUS = re.compile(r"^/(?P<provider>[a-z0-9][a-z0-9-]{0,39})/.+/requests/[^/]+/status$")
@@ -31,10 +32,10 @@ def queue_event(status: Any, provider: str) -> dict[str, Any] | None:
         position = status.get("queue_position")
         if isinstance(position, int) and not isinstance(position, bool) and 0 <= position <= MAX_POSITION:
             ahead = "next" if position == 0 else f"{position} ahead"
-            return {"phase": taskprogress.QUEUED, "waiting": f"{ahead} in {provider}'s queue"}
-        return {"phase": taskprogress.QUEUED, "waiting": f"in {provider}'s queue"}
+            return {"phase": QUEUED, "waiting": f"{ahead} in {provider}'s queue"}
+        return {"phase": QUEUED, "waiting": f"in {provider}'s queue"}
     if state == "IN_PROGRESS":
-        return {"phase": taskprogress.RUNNING, "waiting": f"at {provider}"}
+        return {"phase": RUNNING, "waiting": f"at {provider}"}
     return None
 
 

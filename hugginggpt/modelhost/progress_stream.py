@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 EVENT_STREAM = "text/event-stream"
 KEEP_ALIVE_SECONDS = 10.0  # a comment line while a step runs long, so proxies keep the stream open
 CHECK_SECONDS = 0.5  # how often a silent stream asks whether its client is still there
-# events made within this of the last write leave together in the next one (the orchestrator relays them
-# at most every progress_interval_ms, 250 by default)
+# steps made within this of the last write of steps leave together in the next one (the orchestrator relays
+# them at most every progress_interval_ms, 250 by default)
 WRITE_GAP_SECONDS = 0.25
 
 # (HTTP status, JSON body, extra headers): one call's answer, sent whole or as a stream's last event
@@ -74,9 +74,8 @@ class Outbox:
     made; the last event (`close`) leaves at once.
     """
 
-    def __init__(self, gap: float = WRITE_GAP_SECONDS, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, gap: float = WRITE_GAP_SECONDS):
         self.gap = gap
-        self._clock = clock
         self._ready = threading.Condition()
         self._items: list[tuple[str, Any]] = []
         self._closed = False
@@ -85,7 +84,7 @@ class Outbox:
     def put(self, name: str, data: Any) -> None:
         with self._ready:
             self._items.append((name, data))
-            if len(self._items) == 1 or self._clock() >= self._due:  # pragma: no mutate: > on a float clock
+            if len(self._items) == 1 or time.monotonic() >= self._due:  # pragma: no mutate: > on a float clock
                 self._ready.notify()
 
     def close(self, name: str, data: Any) -> None:
@@ -98,9 +97,9 @@ class Outbox:
     def take(self, timeout: float) -> tuple[list[tuple[str, Any]], bool]:
         """Wait up to `timeout` for events due to leave: (the events, whether the call has answered)."""
         with self._ready:
-            deadline = self._clock() + timeout
+            deadline = time.monotonic() + timeout
             while True:
-                now = self._clock()
+                now = time.monotonic()
                 if self._closed or (self._items and now >= self._due):
                     items, self._items = self._items, []
                     if any(name == "progress" and ("step" in data or "bytes" in data) for name, data in items):
