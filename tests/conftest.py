@@ -268,8 +268,8 @@ def png_bytes(response: requests.Response) -> Image.Image:
 
 
 def sse(resp: requests.Response, within: float = 90.0) -> list[tuple[str, dict]]:
-    """The (event, data) pairs of a models-server event stream, in order; the stream must end within `within`
-    seconds (its keep-alive comments would hold a per-read timeout open for ever)."""
+    """The (event, data) pairs of an event stream (the models server's or the orchestrator's), in order; it must
+    end within `within` seconds (keep-alive comments would hold a per-read timeout open for ever)."""
     out, name = [], None
     deadline = time.monotonic() + within
     for line in resp.iter_lines(decode_unicode=True):

@@ -19,10 +19,9 @@ from hugginggpt.backends.hosted import HostedInference
 from hugginggpt.resources import resolve
 from hugginggpt.select import Availability
 from hugginggpt.urlpolicy import UrlPolicy, system_resolver
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import sse, start_server, stop_server, write_config
 from tests.fakes.llm_server import ThreadedServer
 from tests.fakes.router_server import FakeRouter, Served
-from tests.test_stream import events_of
 
 TOKEN = "hf_as_met_token"
 STALE = "hf_stale_token_left_by_hf_auth_login"  # what `hf auth login` left in HF_HOME, since revoked
@@ -427,7 +426,7 @@ def test_a_failed_tasks_event_names_where_it_failed_last(lite, llm, fake):
     fake.failures["fal-ai"], fake.failures["replicate"] = 503, 500
     one_task(llm)
     resp = requests.post(lite.url + "/hugginggpt", json=ask(stream=True), stream=True, timeout=30)
-    [failed] = [e for n, e in events_of(resp) if n == "task_failed"]
+    [failed] = [e for n, e in sse(resp) if n == "task_failed"]
     assert (failed["model"], failed["hosted_on"], failed["provider"]) == (FLUX, "huggingface", "replicate"), failed
 
 

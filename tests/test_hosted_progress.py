@@ -12,10 +12,9 @@ from PIL import Image
 from hugginggpt import taskprogress
 from hugginggpt.backends import TaskInputs
 from hugginggpt.resources import resolve
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import sse, start_server, stop_server, write_config
 from tests.fakes.router_server import Served
 from tests.test_hosted_as_met import TOKEN, backend, fake, servers, urls  # noqa: F401 - fixtures
-from tests.test_stream import events_of
 
 RESTYLER = "acme/restyler"
 
@@ -63,7 +62,7 @@ def test_the_orchestrator_s_stream_shows_a_hosted_task_s_place_in_fal_s_queue(fa
                                           "args": {"image": "/examples/red.png", "text": "as a watercolour"}}]))
         resp = srv.post("/hugginggpt", {"messages": [{"role": "user", "content": "paint /examples/red.png"}],
                                         "stream": True}, stream=True, timeout=60)
-        events = events_of(resp)
+        events = sse(resp)
     finally:
         stop_server(srv)
     progress = [e for name, e in events if name == "task_progress"]

@@ -16,7 +16,6 @@ import requests
 
 from tests.conftest import make_public, sse, start_server, stop_server, wait_until, write_config
 from tests.test_models_server import start_models_server
-from tests.test_stream import events_of
 from tests.tiny_models import causal_lm, tiny_stable_diffusion
 
 SD = "stable-diffusion-v1-5/stable-diffusion-v1-5"
@@ -140,7 +139,7 @@ def test_the_orchestrator_stream_relays_every_step_as_task_progress(orchestrator
     resp = orchestrator.post("/hugginggpt", {"messages": [{"role": "user", "content": "draw a red square"}],
                                              "stream": True}, stream=True, timeout=120)
     assert resp.status_code == 200
-    events = events_of(resp)
+    events = sse(resp)
     assert time.monotonic() - t0 < 120
     names = [name for name, _ in events]
     progress = [e for name, e in events if name == "task_progress"]

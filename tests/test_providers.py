@@ -17,11 +17,10 @@ from hugginggpt.backends.hosted import HostedInference
 from hugginggpt.config import load_config
 from hugginggpt.errors import BackendError, ConfigError
 from hugginggpt.resources import resolve
-from tests.conftest import start_server, stop_server, write_config
+from tests.conftest import sse, start_server, stop_server, write_config
 from tests.fakes.llm_server import ThreadedServer
 from tests.fakes.router_server import FakeRouter, Served
 from tests.test_front_doors import metric
-from tests.test_stream import events_of
 
 FLUX = "black-forest-labs/FLUX.1-schnell"
 SDXL = "stabilityai/stable-diffusion-xl-base-1.0"
@@ -114,7 +113,7 @@ def test_three_tasks_on_three_providers_end_to_end(lite_server, llm, router, pub
     llm.on("parse_task", THREE)
     resp = requests.post(lite_server.url + "/hugginggpt", json=ask("the same, streamed", stream=True), stream=True,
                          timeout=30)
-    finished = {e["task"]: e for n, e in events_of(resp) if n == "task_finished"}
+    finished = {e["task"]: e for n, e in sse(resp) if n == "task_finished"}
     assert {t: (e["hosted_on"], e["provider"]) for t, e in finished.items()} == {
         "text-to-image": ("huggingface", "fal-ai"), "automatic-speech-recognition": ("huggingface", "replicate"),
         "image-to-text": ("huggingface", "hf-inference")}

@@ -7,19 +7,7 @@ import time
 
 import requests
 
-from tests.conftest import wait_until
-
-
-def events_of(resp: requests.Response) -> list[tuple[str, dict]]:
-    out, name = [], None
-    for line in resp.iter_lines(decode_unicode=True):
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: ") and name:
-            out.append((name, json.loads(line[6:])))
-            name = None
-    return out
-
+from tests.conftest import sse, wait_until
 
 DAG = json.dumps([
     {"task": "text-to-image", "id": 0, "dep": [-1], "args": {"text": "a fox"}},
@@ -34,7 +22,7 @@ def test_events_for_a_three_task_dag(server, llm, models):
     resp = requests.post(server.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
                                                            "stream": True}, stream=True, timeout=30)
     assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-    events = events_of(resp)
+    events = sse(resp)
     names = [n for n, _ in events]
     assert names[0] == "plan" and names[-1] == "done"
     assert names.index("answer") == len(names) - 2
@@ -65,7 +53,7 @@ def test_events_for_a_three_task_dag(server, llm, models):
 def test_failed_and_skipped_tasks_stream_as_task_failed(server, llm, models):
     models.broken.add("stabilityai/stable-diffusion-xl-base-1.0")
     llm.on("parse_task", DAG)
-    events = events_of(requests.post(server.url + "/hugginggpt", json={
+    events = sse(requests.post(server.url + "/hugginggpt", json={
         "messages": [{"role": "user", "content": "go"}], "stream": True}, stream=True, timeout=30))
     failed = {e["id"]: e for n, e in events if n == "task_failed"}
     assert "crashed" in failed[0]["error"] and failed[1]["skipped"] is True and 2 not in failed
@@ -73,7 +61,7 @@ def test_failed_and_skipped_tasks_stream_as_task_failed(server, llm, models):
 
 def test_stream_errors_arrive_as_an_error_event(server, llm):
     llm.fail(500, 500, 500, 500)
-    events = events_of(requests.post(server.url + "/hugginggpt", json={
+    events = sse(requests.post(server.url + "/hugginggpt", json={
         "messages": [{"role": "user", "content": "go"}], "stream": True}, stream=True, timeout=30))
     assert events[0][0] == "error" and "HTTP 500" in events[0][1]["error"]["message"]
 
@@ -170,7 +158,7 @@ def test_an_llm_still_writing_the_answer_at_the_request_deadline_is_cut_there(
             started = time.monotonic()
             resp = requests.post(srv.url + "/hugginggpt", json={"messages": [{"role": "user", "content": "go"}],
                                                               "stream": stream}, stream=stream, timeout=60)
-            text = "".join(json.dumps(e) for e in events_of(resp)) if stream else resp.text
+            text = "".join(json.dumps(e) for e in sse(resp)) if stream else resp.text
             took = time.monotonic() - started
             assert "deadline" in text, text[-500:]
             assert took < 12, took  # 4 s of deadline and wide margins; the LLM would write for 20 s
