@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.debug, None)
     from hugginggpt.modelhost.app import create_app
     from hugginggpt.modelhost.batching import Batcher
+    from hugginggpt.modelhost.compute import Compute, default_threads
     from hugginggpt.modelhost.device import free_memory_reader, resolve_device, version_problems
     from hugginggpt.modelhost.engine import LocalEngine
     from hugginggpt.modelhost.pool import ModelPool
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                            max_pixels=config.max_image_pixels, timeout=config.task_timeout,
                            max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms)
     else:
-        pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device))
+        compute = Compute(config.compute_threads or default_threads(device))
+        pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device), compute=compute)
         engine = LocalEngine(pool, Batcher(config.max_batch_size, config.batch_wait_ms / 1000))
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
           f"from {config.local_models_dir} on {device}", file=sys.stderr, flush=True)

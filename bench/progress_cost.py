@@ -97,6 +97,7 @@ def main(n: int = 30, steps: int = 25) -> None:
     for name, values in served.items():
         med = statistics.median(values)
         print(f"  {name:28s} median {med * 1000:8.2f} ms  x{med / one:.3f}  server CPU {cpu[name] / n * 1000:.1f} ms a call")
+    print(f"  the one-shot call through the server against the pipeline in-process: x{one / base:.3f}")
 
 
 if __name__ == "__main__":

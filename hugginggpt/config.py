@@ -52,7 +52,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
         "http_idle_timeout", "http_connections_per_client", "models_server_hosts", "allowed_hosts",
-        "batch_wait_ms", "max_batch_size", "progress_interval_ms")},
+        "batch_wait_ms", "max_batch_size", "progress_interval_ms", "compute_threads")},
 }
 
 
@@ -177,6 +177,9 @@ class Config:
     # models server: concurrent requests of one model gathered into one batch (modelhost/batching.py)
     batch_wait_ms: float = 5.0  # the most an idle model waits for company (only after a batch had company)
     max_batch_size: int = 32  # 1: no batching
+    # models server: threads that load and run models, sharing the cores (modelhost/compute.py); None: 1 on the
+    # CPU, 4 on an accelerator
+    compute_threads: int | None = None
     # a running task's progress (task_progress events): at most one per this many ms per task, besides each change
     # of phase and the last step; 0: every event the models server sends
     progress_interval_ms: float = 250.0
@@ -546,6 +549,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
         batch_wait_ms=_batch_wait(data, path),
         max_batch_size=_positive(data, "max_batch_size", 32, path),
+        compute_threads=_positive(data, "compute_threads", 0, path) or None,
         progress_interval_ms=_milliseconds(data, "progress_interval_ms", 250.0, path),
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
         embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),

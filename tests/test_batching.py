@@ -11,6 +11,7 @@ import pytest
 
 from hugginggpt.errors import BadRequest
 from hugginggpt.modelhost.batching import Batcher, each_or_batch
+from hugginggpt.modelhost.compute import Compute
 from hugginggpt.modelhost.handlers import BATCHABLE, Inputs, handle
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import ModelSpec, Registry
@@ -340,7 +341,7 @@ def test_two_models_of_one_task_never_share_a_batch(tmp_path):
             return [one for _ in inputs] if isinstance(inputs, list) else one
 
     class Pool:
-        registry, device = None, "cpu"
+        registry, device, compute = None, "cpu", Compute(1)
 
         @contextmanager
         def use(self, spec):
@@ -380,7 +381,7 @@ def test_an_item_that_runs_out_of_device_memory_in_a_batch_is_a_no_room_refusal(
     released: list[str] = []
 
     class Pool:
-        registry, device = None, "cuda:0"
+        registry, device, compute = None, "cuda:0", Compute(1)
 
         @contextmanager
         def use(self, spec):
@@ -414,7 +415,7 @@ def test_tasks_are_batched_by_their_task_whatever_loads_them(tmp_path):
             return np.ones((len(texts), 4)) / 2.0
 
     class Pool:
-        registry, device = None, "cpu"
+        registry, device, compute = None, "cpu", Compute(1)
 
         @contextmanager
         def use(self, spec):
@@ -449,7 +450,7 @@ def test_a_request_runs_while_its_model_is_held_in_use(tmp_path):
     held: list[bool] = []
 
     class Pool:
-        registry, device = None, "cpu"
+        registry, device, compute = None, "cpu", Compute(1)
         busy = False
 
         @contextmanager

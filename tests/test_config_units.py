@@ -94,3 +94,13 @@ def test_the_millisecond_settings_take_their_edges(tmp_path):
             assert getattr(config_of(tmp_path, f"openai: {{api_key: k}}\n{key}: {value}\n"), key) == float(value)
         with pytest.raises(ConfigError, match=f"`{key}` must be a number of milliseconds from 0 to 1000"):
             config_of(tmp_path, f"openai: {{api_key: k}}\n{key}: 1000.5\n")
+
+
+def test_compute_threads_is_a_positive_count_or_the_devices_default(tmp_path):
+    assert config_of(tmp_path, "").compute_threads is None  # the models server takes the device's default
+    assert config_of(tmp_path, "compute_threads: 3").compute_threads == 3
+    for line, words in (("compute_threads: 0", "`compute_threads` must be a positive whole number"),
+                        ("compute_threads: -2", "`compute_threads` must be a positive whole number"),
+                        ("compute_threads: many", "`compute_threads` must be a int")):
+        with pytest.raises(ConfigError, match=words):
+            config_of(tmp_path, line)

@@ -405,3 +405,61 @@ def test_a_client_that_leaves_while_queued_is_never_run_for(box):
     assert any(line.startswith("event: result") for line in a_lines)  # A runs to its end
     wait_until(lambda: stopped() > before, timeout=30, what="B's run to stop at its first step")
     assert stopped() == before + 1
+
+
+def test_a_call_of_another_model_waits_its_turn_on_the_cpu_and_says_so(box):
+    """On the CPU the models take turns on the cores (modelhost/compute.py: one compute thread by default): a
+    call of GPT-2 made while a diffusion run is going hears `queued` with what it waits for, then runs, and
+    answers after the run it waited for."""
+    import threading
+
+    url, _, _ = box
+    assert "generated text" in requests.post(f"{url}/models/{GPT2}", json={"text": "warm", "max_new_tokens": 1},
+                                             timeout=120).json()  # loaded: its own load is no part of this
+    a = watch(url, SD, {"text": "the long one", "steps": 60})
+    a_lines = a.iter_lines(decode_unicode=True)
+    for line in a_lines:
+        if line.startswith("data: ") and '"step":1,' in line:
+            break  # the diffusion run holds the compute thread
+    else:
+        raise AssertionError("the diffusion run never reached its first step")
+    a_answered: list[float] = []
+    reader = threading.Thread(target=lambda: a_answered.extend(
+        time.monotonic() for line in a_lines if line.startswith("event: result")))
+    reader.start()
+    b = sse(watch(url, GPT2, {"text": "hello", "max_new_tokens": 3}))
+    b_answered = time.monotonic()
+    reader.join(120)
+    progress_events = [e for name, e in b if name == "progress"]
+    assert progress_events[0] == {"phase": "queued", "waiting": "behind other models' calls"}
+    assert progress_events[1] == {"phase": "running"}
+    steps = [e["step"] for e in progress_events if "step" in e]
+    assert steps and steps == list(range(1, len(steps) + 1)) and len(steps) <= 3  # the tiny model may stop early
+    assert b[-1][0] == "result" and "generated text" in b[-1][1]
+    assert len(a_answered) == 1 and a_answered[0] <= b_answered  # B ran after A's whole run
+
+
+def test_with_two_compute_threads_another_models_call_runs_beside_the_diffusion_run(box, tmp_path):
+    """`compute_threads: 2` in the models server's config: the GPT-2 call is not queued behind the diffusion
+    run, and answers while it still runs."""
+    url, public, _ = box
+    models_dir = public.parent / "models"
+    proc, url2 = start_models_server(tmp_path, models_dir, public, deployment="full", extra=("compute_threads: 2",))
+    try:
+        requests.post(f"{url2}/models/{GPT2}", json={"text": "warm", "max_new_tokens": 1}, timeout=120)
+        a = watch(url2, SD, {"text": "the long one", "steps": 150})
+        a_lines = a.iter_lines(decode_unicode=True)
+        for line in a_lines:
+            if line.startswith("data: ") and '"step":1,' in line:
+                break
+        else:
+            raise AssertionError("the diffusion run never reached its first step")
+        b = sse(watch(url2, GPT2, {"text": "hello", "max_new_tokens": 3}))
+        assert "queued" not in [e.get("phase") for _, e in b] and b[-1][0] == "result"
+        step = max(int(m) for m in re.findall(r'"step":(\d+),', next(line for line in a_lines
+                                                                      if line.startswith("data: "))))
+        assert step < 150  # the diffusion run was still going when GPT-2 answered
+        a.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

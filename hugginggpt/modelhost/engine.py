@@ -44,15 +44,15 @@ class LocalEngine:
     def infer(self, spec: ModelSpec, inputs: Inputs) -> Any:
         batchable = BATCHABLE.get(spec.task) if self.batcher is not None else None
         if batchable is None:
-            with self.pool.use(spec) as loaded:
-                result = handle(spec.task, loaded, inputs)
+            with self.pool.use(spec) as loaded:  # the model's turn is taken here, the work runs on a compute thread
+                result = self.pool.compute.run(handle, spec.task, loaded, inputs)
             batch_size_var.set(1)
             return result
         item = batchable.prepare(inputs)  # a bad input is refused here, before it joins a batch
 
         def run(items: list[Any]) -> list[Any]:
             with self.pool.use(spec) as loaded:
-                results = each_or_batch(lambda some: batchable.run(loaded, some), items)
+                results = self.pool.compute.run(each_or_batch, lambda some: batchable.run(loaded, some), items)
             return [self.pool.out_of_memory(spec) if isinstance(r, Exception) and is_out_of_memory(r) else r
                     for r in results]
 

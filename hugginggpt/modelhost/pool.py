@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import progress
+from .compute import Compute, default_threads
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -231,11 +232,13 @@ _LOADING = threading.Lock()  # one model loads at a time; loaded models run in p
 
 class ModelPool:
     def __init__(self, registry: Registry, device: str = "cpu", budget_bytes: int | None = None,
-                 free_memory: Callable[[], int] | None = None):
+                 free_memory: Callable[[], int] | None = None, compute: Compute | None = None):
         """free_memory: bytes the device can still give (None: the budget's accounting alone, as on the CPU);
-        `free_memory_reader(device)` on CUDA. Tests inject their own reading."""
+        `free_memory_reader(device)` on CUDA. Tests inject their own reading. compute: the threads that load and
+        run models (compute.py; default: the device's default count)."""
         self.registry = registry
         self.device = device
+        self.compute = compute or Compute(default_threads(device))
         self.budget = budget_bytes
         self.free_memory = free_memory
         self._guard = threading.Lock()
@@ -297,7 +300,7 @@ class ModelPool:
                 with progress.waiting_for(_LOADING, "another model is loading"):  # transformers resolves its names
                     progress.phase(progress.LOADING)  # lazily: two first loads at once can see a
                     before = self._allocated()  # half-imported module (ImportError); one load at a time also
-                    obj = load(spec, self.registry, self.device)  # keeps the memory it takes its own
+                    obj = self.compute.run(load, spec, self.registry, self.device)  # keeps the memory it takes its own
                     after = self._allocated()
                 break
             except Exception as exc:

@@ -1,0 +1,106 @@
+"""Where the flask engine's model work runs: a few long-lived threads, each with its share of the cores.
+
+Why not on the web server's own threads: torch runs its CPU kernels on an OpenMP team that belongs to the
+thread that called them, and a team lives as long as its thread. The server answers on up to
+`max_concurrent_requests` + 16 threads; when each ran models itself, every one that ever did kept a team as
+large as the machine, and once the teams' threads outnumber the cores, libgomp stops spinning between kernels
+and puts its threads to sleep after each one. On 2 cores the tiny diffusion pipeline then took 3x as long
+through the server as the same call made from a script (`bench/progress_cost.py` prints both). So loads and
+calls go to `threads` threads here, each running torch on `cores // threads` threads of its own: the teams
+together never outnumber the cores, whichever web thread took the request.
+
+Only the work itself comes here. Waiting for a model another request is using, or for another load, happens on
+the caller's thread first (pool.py), so a compute thread never waits for a lock, and a call of one model is
+never stuck behind calls queued for another. The caller's context comes along, so a watched call reports its
+steps and stops when its client leaves, as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from . import progress
+
+T = TypeVar("T")
+
+CPU_THREADS = 1  # on the CPU calls take turns: each has every core, and the first to come finishes first
+ACCELERATOR_THREADS = 4  # on a GPU the cores feed the device; calls of different models overlap there
+
+
+def default_threads(device: str) -> int:
+    return CPU_THREADS if device == "cpu" else ACCELERATOR_THREADS
+
+
+def cores() -> int:
+    """The cores torch would use: OMP_NUM_THREADS where set, else the cores this process may run on."""
+    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class Compute:
+    """`run(fn, *args)` runs `fn(*args)` on one of `threads` compute threads, in the caller's context, and
+    returns its result or raises its exception in the caller's thread.
+
+    The threads are daemons started on first use: a server stopped with Ctrl-C in the middle of a long diffusion
+    call exits at once, as it did when the web threads (daemons too) ran the models.
+    """
+
+    def __init__(self, threads: int, torch_threads: int | None = None):
+        """torch_threads: torch's threads for each compute thread (default: the cores shared among them)."""
+        if threads < 1:
+            raise ValueError("compute threads must be at least 1")
+        self.threads = threads
+        self.torch_threads = torch_threads or max(1, cores() // threads)
+        self._work: queue.SimpleQueue[tuple[Future, Callable[[], Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._started = 0
+        self._calls = 0  # calls between run's start and end: running, or waiting for a thread
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            wait = self._calls >= self.threads
+            self._calls += 1
+            if self._started < min(self._calls, self.threads):
+                self._started += 1
+                threading.Thread(target=self._serve, name=f"model-compute-{self._started}", daemon=True).start()
+        try:
+            if wait:
+                progress.phase(progress.QUEUED, "behind other models' calls")
+            done: Future = Future()
+            self._work.put((done, functools.partial(contextvars.copy_context().run, _started, wait, fn, *args)))
+            return done.result()
+        finally:
+            with self._lock:
+                self._calls -= 1
+
+    def _serve(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.torch_threads)
+        while True:
+            done, work = self._work.get()
+            try:
+                done.set_result(work())
+            except BaseException as exc:  # noqa: BLE001 - the caller's to handle, in its own thread
+                done.set_exception(exc)
+            # hold nothing while idle: the last call's model and answer are the caller's, and an evicted model
+            # must give its memory back
+            del done, work
+
+
+def _started(waited: bool, fn: Callable[..., T], *args: Any) -> T:
+    if waited:  # the queued phase ends here; a task with steps reports them next
+        progress.phase(progress.RUNNING)
+    return fn(*args)

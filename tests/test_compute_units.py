@@ -1,0 +1,157 @@
+"""The compute threads of the flask engine (modelhost/compute.py), in-process: where model work runs, how many
+threads it may use, what a caller waiting for one hears, and that nothing a call made is held after it."""
+
+from __future__ import annotations
+
+import contextvars
+import gc
+import subprocess
+import sys
+import threading
+import time
+import weakref
+
+import pytest
+
+from hugginggpt.modelhost import progress
+from hugginggpt.modelhost.compute import ACCELERATOR_THREADS, CPU_THREADS, Compute, cores, default_threads
+
+
+def test_a_call_returns_its_result_and_raises_its_own_error_in_the_caller():
+    compute = Compute(1)
+    assert compute.run(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(KeyError, match="missing"):
+        compute.run(lambda: {}["missing"])
+    assert compute.run(str.upper, "after an error the thread still serves") == "AFTER AN ERROR THE THREAD STILL SERVES"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_many_callers_run_on_at_most_the_configured_threads_none_of_them_the_callers(threads):
+    compute = Compute(threads)
+    ran_on: set[int] = set()
+    running = [0]
+    most = [0]
+    lock = threading.Lock()
+
+    def work() -> None:
+        with lock:
+            ran_on.add(threading.get_ident())
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    callers = [threading.Thread(target=compute.run, args=(work,)) for _ in range(8)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(30)
+    assert most[0] == threads  # as many at once as there are threads, never more
+    assert len(ran_on) == threads
+    assert not ran_on & {t.ident for t in callers} and threading.get_ident() not in ran_on
+
+
+def test_the_callers_context_comes_along():
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+    compute = Compute(1)
+    var.set("request 7")
+    assert compute.run(var.get) == "request 7"
+    var.set("request 8")  # a later caller's value, on the same thread
+    assert compute.run(var.get) == "request 8"
+
+
+def test_a_call_that_waits_for_a_thread_says_queued_then_running_and_one_that_need_not_says_nothing():
+    compute = Compute(1)
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(30)
+
+    first = threading.Thread(target=compute.run, args=(hold,))
+    first.start()
+    assert started.wait(10)
+    heard: list[dict] = []
+    second_result: list[str] = []
+
+    def second() -> None:
+        with progress.watching(progress.Watch(heard.append)):
+            second_result.append(compute.run(lambda: "done"))
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    time.sleep(0.2)
+    assert heard == [{"phase": "queued", "waiting": "behind other models' calls"}] and not second_result
+    release.set()
+    waiter.join(10)
+    first.join(10)
+    assert heard[1:] == [{"phase": "running"}] and second_result == ["done"]
+    alone: list[dict] = []  # the thread is free now: nothing to say
+    with progress.watching(progress.Watch(alone.append)):
+        compute.run(lambda: None)
+    assert alone == []
+
+
+def test_each_compute_thread_runs_torch_on_its_share_of_the_cores():
+    torch = pytest.importorskip("torch")
+    assert Compute(1, torch_threads=1).run(torch.get_num_threads) == 1
+    share = Compute(2)
+    assert share.torch_threads == max(1, cores() // 2)
+    assert Compute(10**6).torch_threads == 1  # never none
+
+
+def test_cores_follow_omp_num_threads_where_set(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cores() == 3 and Compute(1).torch_threads == 3
+    for unusable in ("", "0", "two", "-1"):
+        monkeypatch.setenv("OMP_NUM_THREADS", unusable)
+        assert cores() == len(__import__("os").sched_getaffinity(0))
+
+
+def test_the_cpu_takes_one_call_at_a_time_and_an_accelerator_four():
+    assert default_threads("cpu") == CPU_THREADS == 1
+    assert default_threads("cuda:0") == default_threads("mps") == ACCELERATOR_THREADS == 4
+    with pytest.raises(ValueError, match="at least 1"):
+        Compute(0)
+
+
+def test_an_idle_thread_holds_nothing_of_its_last_call():
+    """The pool evicts a model by dropping its reference; a compute thread that kept the last call's answer or
+    arguments would keep the model's memory."""
+
+    class Model:
+        pass
+
+    compute = Compute(1)
+    model = Model()
+    gone = weakref.ref(model)
+    answer = compute.run(lambda m: [m], model)
+    assert answer[0] is model
+    del model, answer
+    gc.collect()
+    assert gone() is None
+    failing = Model()
+    gone = weakref.ref(failing)
+
+    def boom(m: Model) -> None:
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        compute.run(boom, failing)
+    del failing
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_process_stopped_during_a_long_call_exits_at_once():
+    """Ctrl-C on a server in the middle of a long diffusion call: the process ends, the call does not hold it."""
+    script = ("import threading, time\n"
+              "from hugginggpt.modelhost.compute import Compute\n"
+              "c = Compute(1, torch_threads=1)\n"
+              "threading.Thread(target=c.run, args=(time.sleep, 600), daemon=True).start()\n"
+              "time.sleep(0.5)\nprint('leaving', flush=True)\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "leaving" in done.stdout, done.stderr
+    assert time.monotonic() - t0 < 30
