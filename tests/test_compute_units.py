@@ -155,3 +155,21 @@ def test_a_process_stopped_during_a_long_call_exits_at_once():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "leaving" in done.stdout, done.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_a_call_given_up_before_its_turn_never_runs_and_leaves_no_queue_behind():
+    """A Ray replica awaits `submit`'s future; a front that goes away cancels it. A cancelled call that had not
+    started never runs, and the next caller is not told it waits behind it."""
+    compute = Compute(1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    first = compute.submit(lambda: (started.set(), release.wait(30)))
+    assert started.wait(10)
+    given_up = compute.submit(ran.append, "the call nobody waits for")
+    assert given_up.cancel()
+    release.set()
+    first.result(10)
+    heard: list[dict] = []
+    with progress.watching(progress.Watch(heard.append)):
+        assert compute.run(lambda: "next") == "next"
+    assert ran == [] and heard == []

@@ -69,21 +69,27 @@ class Compute:
         self._calls = 0  # calls between run's start and end: running, or waiting for a thread
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return self.submit(fn, *args).result()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`run` without waiting: the future of `fn(*args)` (a Ray replica awaits it on its event loop). A future
+        cancelled before its turn never runs."""
         with self._lock:
             wait = self._calls >= self.threads
             self._calls += 1
             if self._started < min(self._calls, self.threads):
                 self._started += 1
                 threading.Thread(target=self._serve, name=f"model-compute-{self._started}", daemon=True).start()
-        try:
-            if wait:
-                progress.phase(progress.QUEUED, "behind other models' calls")
-            done: Future = Future()
-            self._work.put((done, functools.partial(contextvars.copy_context().run, _started, wait, fn, *args)))
-            return done.result()
-        finally:
-            with self._lock:
-                self._calls -= 1
+        if wait:
+            progress.phase(progress.QUEUED, "behind other models' calls")
+        done: Future[T] = Future()
+        done.add_done_callback(self._finished)
+        self._work.put((done, functools.partial(contextvars.copy_context().run, _started, wait, fn, *args)))
+        return done
+
+    def _finished(self, _done: Future[Any]) -> None:
+        with self._lock:
+            self._calls -= 1
 
     def _serve(self) -> None:
         import torch
@@ -91,6 +97,9 @@ class Compute:
         torch.set_num_threads(self.torch_threads)
         while True:
             done, work = self._work.get()
+            if not done.set_running_or_notify_cancel():  # its caller gave up while it waited
+                del done, work
+                continue
             try:
                 done.set_result(work())
             except BaseException as exc:  # noqa: BLE001 - the caller's to handle, in its own thread

@@ -31,6 +31,7 @@ from ..cancel import Cancelled
 from ..errors import BadRequest
 from ..resources import OUTPUT_PATH, resolve
 from .batching import batch_size_var, each_or_batch
+from .compute import Compute, default_threads
 from .handlers import BATCHABLE, Inputs
 from .pool import InferenceFailed, ModelUnavailable
 from .progress import LOADING, QUEUED, Watch, current, phase, watching
@@ -54,6 +55,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             self.max_pixels = max_pixels
             self.locks: dict[str, asyncio.Lock] = {}
             self.running: set[asyncio.Future[Any]] = set()
+            self.compute = Compute(default_threads(device))  # torch's teams never outnumber the cores (compute.py)
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
         async def get_model(self, model_id: str) -> Any:
@@ -69,7 +71,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                 raise ModelUnavailable(f"this replica cannot serve {model_id}")
             phase(LOADING)
             started = time.perf_counter()
-            obj = await asyncio.to_thread(load, spec, self.registry, self.device)
+            obj = await asyncio.wrap_future(self.compute.submit(load, spec, self.registry, self.device))
             return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
 
         async def infer(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             if lock.locked():
                 phase(QUEUED, f"{model_id} is running another request")
             async with lock:  # one request at a time per model, as in the single-process server
-                return await asyncio.to_thread(self._run, loaded, body)  # the watch goes with the context
+                return await asyncio.wrap_future(self.compute.submit(self._run, loaded, body))  # the watch goes along
 
         @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
         async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -122,7 +124,8 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                         answers[k] = {"error": {"kind": "unavailable", "message": str(exc)}}
                     continue
                 async with self.locks.setdefault(model_id, asyncio.Lock()):
-                    done = await asyncio.to_thread(self._run_batch, loaded, [requests[k][1] for k in ks])
+                    done = await asyncio.wrap_future(self.compute.submit(self._run_batch, loaded,
+                                                                            [requests[k][1] for k in ks]))
                 for k, answer in zip(ks, done, strict=True):
                     answers[k] = answer
             return answers
