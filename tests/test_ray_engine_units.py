@@ -14,7 +14,7 @@ import pytest
 from hugginggpt.cancel import Cancelled
 from hugginggpt.modelhost.pool import InferenceFailed
 from hugginggpt.modelhost.progress import Watch, watching
-from hugginggpt.modelhost.ray_engine import answer_of, relay
+from hugginggpt.modelhost.ray_engine import answer_of, in_turn, relay
 
 try:
     from ray.serve.exceptions import RequestCancelledError
@@ -323,3 +323,45 @@ def test_gpu_shares_apply_on_cuda_only_and_outputs_are_the_result_s_paths():
     assert RayEngine.gpu_share(spec(gpu_fraction=0.5), "cpu") == 0.0
     assert output_paths({"path": "/images/a.png", "paths": ["/videos/b.mp4", 3]}) == ["/images/a.png", "/videos/b.mp4"]
     assert output_paths({"path": 3, "paths": "/images/a.png"}) == [] and output_paths(["/images/a.png"]) == []
+
+
+def test_a_replica_runs_its_models_in_turn_on_its_compute_thread_and_a_waiting_call_says_why():
+    """A replica's requests, as `_dispatch` runs them: a second request of the same model waits for the model;
+    one of another model waits for the replica's compute thread (one on the CPU), and each hears why."""
+    import asyncio
+
+    from hugginggpt.modelhost.compute import Compute
+
+    compute = Compute(1)
+    release = threading.Event()
+    ran_on: list[int] = []
+
+    def work(answer: str, hold: bool = False) -> str:
+        ran_on.append(threading.get_ident())
+        if hold:
+            release.wait(10)
+        return answer
+
+    async def scenario() -> tuple[list, dict[str, list[dict]]]:
+        locks = {"a": asyncio.Lock(), "b": asyncio.Lock()}
+        heard: dict[str, list[dict]] = {"a2": [], "b": []}
+
+        async def watched(name: str, model: str, answer: str, hold: bool = False):
+            if name in heard:
+                with watching(Watch(heard[name].append)):
+                    return await in_turn(locks[model], compute, model, work, answer, hold)
+            return await in_turn(locks[model], compute, model, work, answer, hold)
+
+        first = asyncio.ensure_future(watched("a1", "a", "one", True))
+        await asyncio.sleep(0.1)  # a1 holds model a and the compute thread
+        second = asyncio.ensure_future(watched("a2", "a", "two"))
+        other = asyncio.ensure_future(watched("b", "b", "three"))
+        await asyncio.sleep(0.2)
+        release.set()
+        return await asyncio.gather(first, second, other), heard
+
+    answers, heard = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert answers == ["one", "two", "three"]
+    assert heard["a2"][0] == {"phase": "queued", "waiting": "a is running another request"}
+    assert heard["b"] == [{"phase": "queued", "waiting": "behind other models' calls"}, {"phase": "running"}]
+    assert len(set(ran_on)) == 1 and threading.get_ident() not in ran_on  # the compute thread, not the loop's

@@ -23,9 +23,9 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..cancel import Cancelled
 from ..errors import BadRequest
@@ -40,6 +40,7 @@ from .registry import ModelSpec, Registry
 log = logging.getLogger(__name__)
 
 APP_NAME = "hugginggpt-models"
+T = TypeVar("T")
 
 
 def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005):
@@ -104,10 +105,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                 phase(QUEUED, "in a batch with other requests for this model")
                 return await self.batched((model_id, body))
             lock = self.locks.setdefault(model_id, asyncio.Lock())
-            if lock.locked():
-                phase(QUEUED, f"{model_id} is running another request")
-            async with lock:  # one request at a time per model, as in the single-process server
-                return await asyncio.wrap_future(self.compute.submit(self._run, loaded, body))  # the watch goes along
+            return await in_turn(lock, self.compute, model_id, self._run, loaded, body)
 
         @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
         async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -173,6 +171,15 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                 return {"result": result, "files": files}
 
     return ModelReplica
+
+
+async def in_turn(lock: asyncio.Lock, compute: Compute, model_id: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` for one request of `model_id`: after the model's earlier requests (`lock`), on a compute thread
+    (`compute`), with the caller's context (its watch hears why it waits, and its steps)."""
+    if lock.locked():
+        phase(QUEUED, f"{model_id} is running another request")
+    async with lock:  # one request at a time per model, as in the single-process server
+        return await asyncio.wrap_future(compute.submit(fn, *args))
 
 
 async def pump(answer: asyncio.Future[Any], events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
