@@ -149,8 +149,10 @@ def test_a_process_stopped_during_a_long_call_exits_at_once():
     script = ("import threading, time\n"
               "from hugginggpt.modelhost.compute import Compute\n"
               "c = Compute(1, torch_threads=1)\n"
-              "threading.Thread(target=c.run, args=(time.sleep, 600), daemon=True).start()\n"
-              "time.sleep(0.5)\nprint('leaving', flush=True)\n")
+              "running = threading.Event()\n"
+              # from the main thread: a thread started from it is no daemon unless told
+              "c.submit(lambda: (running.set(), time.sleep(600)))\n"
+              "assert running.wait(60)\nprint('leaving', flush=True)\n")
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "leaving" in done.stdout, done.stderr
@@ -173,3 +175,15 @@ def test_a_call_given_up_before_its_turn_never_runs_and_leaves_no_queue_behind()
     with progress.watching(progress.Watch(heard.append)):
         assert compute.submit(lambda: "next").result(10) == "next"  # a thread killed by the cancelled call: late
     assert ran == [] and heard == []
+
+
+def test_a_thread_whose_torch_cannot_be_set_still_serves(monkeypatch):
+    """If torch refuses its thread count (or is missing), calls still run: a compute thread that died at its
+    start would leave every call waiting for ever."""
+    torch = pytest.importorskip("torch")
+
+    def refuse(_n: int) -> None:
+        raise RuntimeError("set_num_threads refused")
+
+    monkeypatch.setattr(torch, "set_num_threads", refuse)
+    assert Compute(1).submit(lambda: "served").result(10) == "served"

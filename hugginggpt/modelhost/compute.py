@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 import os
 import queue
 import threading
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 from . import progress
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CPU_THREADS = 1  # on the CPU calls take turns: each has every core, and the first to come finishes first
 ACCELERATOR_THREADS = 4  # on a GPU the cores feed the device; calls of different models overlap there
@@ -92,9 +94,12 @@ class Compute:
             self._calls -= 1
 
     def _serve(self) -> None:
-        import torch
+        try:
+            import torch
 
-        torch.set_num_threads(self.torch_threads)
+            torch.set_num_threads(self.torch_threads)
+        except Exception as exc:  # noqa: BLE001 - the thread must serve anyway, or every call would wait for ever
+            log.warning("compute thread: torch's threads left as they were (%s: %s)", exc.__class__.__name__, exc)
         while True:
             done, work = self._work.get()
             if not done.set_running_or_notify_cancel():  # its caller gave up while it waited
