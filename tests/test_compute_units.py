@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import logging
 import subprocess
 import sys
 import threading
@@ -33,9 +34,12 @@ def test_many_callers_run_on_at_most_the_configured_threads_none_of_them_the_cal
     most = [0]
     lock = threading.Lock()
 
+    names: set[str] = set()
+
     def work() -> None:
         with lock:
             ran_on.add(threading.get_ident())
+            names.add(threading.current_thread().name)  # what a debugger's thread dump shows
             running[0] += 1
             most[0] = max(most[0], running[0])
         time.sleep(0.05)
@@ -48,7 +52,7 @@ def test_many_callers_run_on_at_most_the_configured_threads_none_of_them_the_cal
     for t in callers:
         t.join(30)
     assert most[0] == threads  # as many at once as there are threads, never more
-    assert len(ran_on) == threads
+    assert len(ran_on) == threads and names == {f"model-compute-{k}" for k in range(1, threads + 1)}
     assert not ran_on & {t.ident for t in callers} and threading.get_ident() not in ran_on
 
 
@@ -63,6 +67,10 @@ def test_the_callers_context_comes_along():
 
 def test_a_call_that_waits_for_a_thread_says_queued_then_running_and_one_that_need_not_says_nothing():
     compute = Compute(1)
+    for _ in range(3):  # calls that came and went are no longer counted
+        compute.run(lambda: None)
+    with pytest.raises(ValueError):
+        compute.run(int, "not a number")
     started, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -104,6 +112,11 @@ def test_each_compute_thread_runs_torch_on_its_share_of_the_cores():
 def test_cores_follow_omp_num_threads_where_set(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cores() == 3 and Compute(1).torch_threads == 3
+    assert Compute(2).torch_threads == 1 and isinstance(Compute(2).torch_threads, int)  # a whole share
+    monkeypatch.setenv("OMP_NUM_THREADS", " 1 ")
+    assert cores() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cores() == len(__import__("os").sched_getaffinity(0))
     for unusable in ("", "0", "two", "-1"):
         monkeypatch.setenv("OMP_NUM_THREADS", unusable)
         assert cores() == len(__import__("os").sched_getaffinity(0))
@@ -112,7 +125,7 @@ def test_cores_follow_omp_num_threads_where_set(monkeypatch):
 def test_the_cpu_takes_one_call_at_a_time_and_an_accelerator_four():
     assert default_threads("cpu") == CPU_THREADS == 1
     assert default_threads("cuda:0") == default_threads("mps") == ACCELERATOR_THREADS == 4
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="^compute threads must be at least 1$"):
         Compute(0)
 
 
@@ -177,7 +190,7 @@ def test_a_call_given_up_before_its_turn_never_runs_and_leaves_no_queue_behind()
     assert ran == [] and heard == []
 
 
-def test_a_thread_whose_torch_cannot_be_set_still_serves(monkeypatch):
+def test_a_thread_whose_torch_cannot_be_set_still_serves(monkeypatch, caplog):
     """If torch refuses its thread count (or is missing), calls still run: a compute thread that died at its
     start would leave every call waiting for ever."""
     torch = pytest.importorskip("torch")
@@ -186,4 +199,6 @@ def test_a_thread_whose_torch_cannot_be_set_still_serves(monkeypatch):
         raise RuntimeError("set_num_threads refused")
 
     monkeypatch.setattr(torch, "set_num_threads", refuse)
-    assert Compute(1).submit(lambda: "served").result(10) == "served"
+    with caplog.at_level(logging.WARNING, logger="hugginggpt.modelhost.compute"):
+        assert Compute(1).submit(lambda: "served").result(10) == "served"
+    assert "compute thread: torch's threads left as they were (RuntimeError: set_num_threads refused)" in caplog.text

@@ -42,13 +42,13 @@ def default_threads(device: str) -> int:
 
 def cores() -> int:
     """The cores torch would use: OMP_NUM_THREADS where set, else the cores this process may run on."""
-    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    configured = (os.environ.get("OMP_NUM_THREADS") or "").strip()
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        return os.cpu_count() or 1  # pragma: no mutate: never runs on Linux, where this is tested
 
 
 class Compute:
