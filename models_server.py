@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = RayEngine(registry, device, config.catalog_path, config.public_dir, address=args.address,
                            replicas=args.replicas, models_per_replica=args.models_per_replica,
                            max_pixels=config.max_image_pixels, timeout=config.task_timeout,
-                           max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms)
+                           max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
+                           compute_threads=config.compute_threads)
     else:
         compute = Compute(config.compute_threads or default_threads(device))
         pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device), compute=compute)

@@ -202,3 +202,44 @@ def test_a_thread_whose_torch_cannot_be_set_still_serves(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="hugginggpt.modelhost.compute"):
         assert Compute(1).submit(lambda: "served").result(10) == "served"
     assert "compute thread: torch's threads left as they were (RuntimeError: set_num_threads refused)" in caplog.text
+
+
+def hold_the_thread(compute: Compute) -> tuple[threading.Event, threading.Thread]:
+    """A call that holds the only compute thread until the returned event is set."""
+    started, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=compute.run, args=(lambda: (started.set(), release.wait(30)),))
+    holder.start()
+    assert started.wait(10)
+    return release, holder
+
+
+def test_a_call_whose_client_left_while_it_waited_never_runs():
+    from hugginggpt.cancel import Cancelled
+
+    compute = Compute(1)
+    release, holder = hold_the_thread(compute)
+    heard: list[dict] = []
+    ran: list[str] = []
+    watch = progress.Watch(heard.append)
+    with progress.watching(watch):
+        waiting = compute.submit(ran.append, "a caption nobody will read")
+    assert heard == [{"phase": "queued", "waiting": "behind other models' calls"}]
+    watch.stop()  # the client leaves while the call waits
+    release.set()
+    with pytest.raises(Cancelled, match="left while the call waited"):
+        waiting.result(10)
+    holder.join(10)
+    assert ran == [] and compute.submit(lambda: "next").result(10) == "next"
+
+
+def test_a_load_that_waited_for_its_turn_says_loading_again_not_running():
+    compute = Compute(1)
+    release, holder = hold_the_thread(compute)
+    heard: list[dict] = []
+    with progress.watching(progress.Watch(heard.append)):
+        loading = compute.submit(lambda: "loaded", resume=progress.LOADING)
+    release.set()
+    assert loading.result(10) == "loaded"
+    holder.join(10)
+    assert heard == [{"phase": "queued", "waiting": "behind other models' calls"}, {"phase": "loading"}]
+

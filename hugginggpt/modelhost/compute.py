@@ -27,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from ..cancel import Cancelled
 from . import progress
 
 T = TypeVar("T")
@@ -70,12 +71,13 @@ class Compute:
         self._started = 0
         self._calls = 0  # calls between run's start and end: running, or waiting for a thread
 
-    def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return self.submit(fn, *args).result()
+    def run(self, fn: Callable[..., T], *args: Any, resume: str = progress.RUNNING) -> T:
+        return self.submit(fn, *args, resume=resume).result()
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., T], *args: Any, resume: str = progress.RUNNING) -> Future[T]:
         """`run` without waiting: the future of `fn(*args)` (a Ray replica awaits it on its event loop). A future
-        cancelled before its turn never runs."""
+        cancelled before its turn never runs, nor does one whose client left while it waited. `resume`: the
+        phase a watched call that had to wait reports when its turn comes (`loading` for a load)."""
         with self._lock:
             wait = self._calls >= self.threads
             self._calls += 1
@@ -85,11 +87,15 @@ class Compute:
         if wait:
             progress.phase(progress.QUEUED, "behind other models' calls")
         done: Future[T] = Future()
-        done.add_done_callback(self._finished)
-        self._work.put((done, functools.partial(contextvars.copy_context().run, _started, wait, fn, *args)))
+        done.add_done_callback(self._cancelled)
+        self._work.put((done, functools.partial(contextvars.copy_context().run, _started, wait, resume, fn, *args)))
         return done
 
-    def _finished(self, _done: Future[Any]) -> None:
+    def _cancelled(self, done: Future[Any]) -> None:
+        if done.cancelled():  # it never reaches a thread: counted out here (the others in _serve)
+            self._given_back()
+
+    def _given_back(self) -> None:
         with self._lock:
             self._calls -= 1
 
@@ -106,15 +112,23 @@ class Compute:
                 del done, work
                 continue
             try:
-                done.set_result(work())
+                result = work()
             except BaseException as exc:  # noqa: BLE001 - the caller's to handle, in its own thread
+                self._given_back()  # before its caller wakes: its next call is not told it waits behind itself
                 done.set_exception(exc)
+            else:
+                self._given_back()
+                done.set_result(result)
+                del result
             # hold nothing while idle: the last call's model and answer are the caller's, and an evicted model
             # must give its memory back
             del done, work
 
 
-def _started(waited: bool, fn: Callable[..., T], *args: Any) -> T:
+def _started(waited: bool, resume: str, fn: Callable[..., T], *args: Any) -> T:
+    watch = progress.current()
+    if watch is not None and watch.stopped:  # its client left while it waited: nobody to run it for
+        raise Cancelled("the client left while the call waited for a compute thread")
     if waited:  # the queued phase ends here; a task with steps reports them next
-        progress.phase(progress.RUNNING)
+        progress.phase(resume)
     return fn(*args)

@@ -300,7 +300,8 @@ class ModelPool:
                 with progress.waiting_for(_LOADING, "another model is loading"):  # transformers resolves its names
                     progress.phase(progress.LOADING)  # lazily: two first loads at once can see a
                     before = self._allocated()  # half-imported module (ImportError); one load at a time also
-                    obj = self.compute.run(load, spec, self.registry, self.device)  # keeps the memory it takes its own
+                    obj = self.compute.run(load, spec, self.registry, self.device,  # keeps the memory it takes its own
+                                           resume=progress.LOADING)
                     after = self._allocated()
                 break
             except Exception as exc:

@@ -43,7 +43,8 @@ APP_NAME = "hugginggpt-models"
 T = TypeVar("T")
 
 
-def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005):
+def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005,
+                  compute_threads: int | None = None):
     """The deployment class; built lazily so that importing this module never imports Ray.
 
     max_batch_size 1: every request runs alone."""
@@ -56,7 +57,8 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             self.max_pixels = max_pixels
             self.locks: dict[str, asyncio.Lock] = {}
             self.running: set[asyncio.Future[Any]] = set()
-            self.compute = Compute(default_threads(device))  # torch's teams never outnumber the cores (compute.py)
+            # torch's teams never outnumber the cores (compute.py)
+            self.compute = Compute(compute_threads or default_threads(device))
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
         async def get_model(self, model_id: str) -> Any:
@@ -72,7 +74,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                 raise ModelUnavailable(f"this replica cannot serve {model_id}")
             phase(LOADING)
             started = time.perf_counter()
-            obj = await asyncio.wrap_future(self.compute.submit(load, spec, self.registry, self.device))
+            obj = await asyncio.wrap_future(self.compute.submit(load, spec, self.registry, self.device, resume=LOADING))
             return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
 
         async def infer(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +255,7 @@ class RayEngine:
     def __init__(self, registry: Registry, device: str, catalog_path: Path, public_dir: Path, *,
                  address: str | None = None, replicas: int = 1, models_per_replica: int = 3,
                  max_pixels: int = 40_000_000, timeout: float = 300.0, max_batch_size: int = 1,
-                 batch_wait_ms: float = 5.0):
+                 batch_wait_ms: float = 5.0, compute_threads: int | None = None):
         import ray
         from ray import serve
 
@@ -265,7 +267,7 @@ class RayEngine:
         self.app_names: list[str] = []
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         serve.start(http_options={"location": "NoServer"})  # the protocol is served by the Flask front
-        cls = serve.deployment(replica_class(models_per_replica, max_batch_size, batch_wait_ms / 1000),
+        cls = serve.deployment(replica_class(models_per_replica, max_batch_size, batch_wait_ms / 1000, compute_threads),
                                max_ongoing_requests=max(5, 2 * max_batch_size))  # room for a batch to gather
         self.handles: dict[float, Any] = {}
         for share in sorted({self.gpu_share(s, device) for s in registry.specs.values()}):
