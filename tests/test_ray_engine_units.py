@@ -365,3 +365,56 @@ def test_a_replica_runs_its_models_in_turn_on_its_compute_thread_and_a_waiting_c
     assert heard["a2"][0] == {"phase": "queued", "waiting": "a is running another request"}
     assert heard["b"] == [{"phase": "queued", "waiting": "behind other models' calls"}, {"phase": "running"}]
     assert len(set(ran_on)) == 1 and threading.get_ident() not in ran_on  # the compute thread, not the loop's
+
+
+def test_a_request_cancelled_while_its_call_runs_keeps_its_model_until_the_call_ends():
+    """A front that times out cancels the replica's request; the call already running on the compute thread cannot
+    stop there, so the model's lock stays held until it ends (the next request never shares the pipeline), and a
+    call cancelled before its turn never runs."""
+    import asyncio
+
+    from hugginggpt.modelhost.compute import Compute
+
+    compute = Compute(1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def work(name: str, hold: bool = False) -> str:
+        ran.append(name)
+        if hold:
+            release.wait(10)
+        return name
+
+    async def started(name: str) -> None:
+        for _ in range(500):
+            if name in ran:
+                return
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> tuple[bool, bool, list[str]]:
+        lock = asyncio.Lock()
+        running = asyncio.ensure_future(in_turn(lock, compute, "m", work, "running", True))
+        await started("running")
+        running.cancel()  # the front gave up while the call runs
+        await asyncio.sleep(0.1)
+        held_while_running = lock.locked()
+        release.set()
+        try:
+            await running
+        except asyncio.CancelledError:
+            pass
+        other = asyncio.Lock()
+        release.clear()
+        holder = asyncio.ensure_future(in_turn(other, compute, "x", work, "holder", True))
+        await started("holder")
+        queued = asyncio.ensure_future(in_turn(asyncio.Lock(), compute, "y", work, "never"))
+        await asyncio.sleep(0.1)
+        queued.cancel()  # cancelled before its turn
+        release.set()
+        await holder
+        await asyncio.sleep(0.1)
+        return held_while_running, lock.locked(), list(ran)
+
+    held, after, ran_names = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert held and not after
+    assert ran_names == ["running", "holder"]

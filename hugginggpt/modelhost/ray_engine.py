@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -124,8 +125,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
                         answers[k] = {"error": {"kind": "unavailable", "message": str(exc)}}
                     continue
                 async with self.locks.setdefault(model_id, asyncio.Lock()):
-                    done = await asyncio.wrap_future(self.compute.submit(self._run_batch, loaded,
-                                                                            [requests[k][1] for k in ks]))
+                    done = await finished(self.compute.submit(self._run_batch, loaded, [requests[k][1] for k in ks]))
                 for k, answer in zip(ks, done, strict=True):
                     answers[k] = answer
             return answers
@@ -181,7 +181,21 @@ async def in_turn(lock: asyncio.Lock, compute: Compute, model_id: str, fn: Calla
     if lock.locked():
         phase(QUEUED, f"{model_id} is running another request")
     async with lock:  # one request at a time per model, as in the single-process server
-        return await asyncio.wrap_future(compute.submit(fn, *args))
+        return await finished(compute.submit(fn, *args))
+
+
+async def finished(work: Future[T]) -> T:
+    """Await `work`, a compute thread's future, inside its model's lock. When the awaiting request is cancelled
+    (its front timed out or left), work not yet started never runs; work already running cannot be stopped here,
+    so the lock is held until it ends: the next request of the model never runs beside it on the same pipeline."""
+    waiting = asyncio.wrap_future(work)
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # read: nothing logs it unread
+        if not work.cancel():
+            await asyncio.wait([waiting])
+        raise
 
 
 async def pump(answer: asyncio.Future[Any], events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
