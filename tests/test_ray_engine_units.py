@@ -410,6 +410,7 @@ def test_a_request_cancelled_while_its_call_runs_keeps_its_model_until_the_call_
         queued = asyncio.ensure_future(in_turn(asyncio.Lock(), compute, "y", work, "never"))
         await asyncio.sleep(0.1)
         queued.cancel()  # cancelled before its turn
+        await asyncio.sleep(0.1)  # the cancellation reaches the request before the holder lets the thread go
         release.set()
         await holder
         await asyncio.sleep(0.1)
