@@ -220,6 +220,7 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                         yield chunk(req.request_id, model, {"content": value})
                     elif kind == "error":
                         completed = True
+                        work.ended()
                         yield _data({"error": value})
                         yield "data: [DONE]\n\n"
                         return
@@ -227,6 +228,7 @@ def register(app: Flask, engine: HuggingGPT, config: Config, uploads: UploadStor
                         completed = True
                         rest = value[len(sent):] if value.startswith(sent) else "\n\n" + value  # a new answer: after it
                         rest += files_markdown(generated_files(work.state), base_url)
+                        work.ended()
                         if rest:
                             yield chunk(req.request_id, model, {"content": rest})
                         yield chunk(req.request_id, model, {}, "stop")

@@ -162,7 +162,8 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     def admitted(run: Callable[[], Response]) -> Response:
         """Admission first: past max_concurrent_requests a client gets 429 at once instead of a silent queue.
-        The slot is given back when the response is closed and, for a stream, its work has ended (`g.slot`)."""
+        The slot is given back when the answer is ready and, for a stream, when its work has ended and the
+        last event is about to go, or when the client left and the work ended (`g.slot`)."""
         if not slots.acquire(blocking=False):
             metrics.rejected.inc()
             refused = busy(config.max_concurrent_requests)  # the words every other door refuses with
@@ -175,7 +176,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
         except BaseException:
             slot.done("response")
             raise
-        resp.call_on_close(lambda: slot.done("response"))  # a stream: once the client has it all (or leaves)
+        if not resp.is_streamed:  # answered in one piece: the work has ended before a byte is sent, and a
+            slot.done("response")  # client that reads this answer may ask again at once (never a 429 for it)
+        else:  # a stream gives it back when its work has ended (StreamWork.ended), or here when the client leaves
+            resp.call_on_close(lambda: slot.done("response"))
         return resp
 
     disconnects = DisconnectWatch()  # one thread for every door of this app (routes, /v1, /mcp)
@@ -241,6 +245,7 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
                 work.cancel()
                 raise
             # the work has ended: a client that leaves now cancels nothing
+            work.ended()
             yield f"event: done\ndata: {json.dumps({'event': 'done', 'request_id': chat_request.request_id})}\n\n"
 
         return Response(generate(), mimetype="text/event-stream",

@@ -29,6 +29,8 @@ class StreamWork:
         self.state: RequestState | None = None
         self._cancelled = False
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._slot: ReleaseWhenAll | None = None
 
     def state_ready(self, state: RequestState) -> None:
         with self._lock:
@@ -66,7 +68,18 @@ class StreamWork:
             if slot is not None:
                 slot.done("work")
             raise
+        self._thread, self._slot = thread, slot
         return thread
+
+    def ended(self) -> None:
+        """Called by the stream once `body` has sent its last event: waits for its thread to end (a few lines
+        after that event) and gives the response's share of the slot back before the stream's last bytes go
+        out, so a client that reads the end of one stream and asks again at once is not refused with a 429
+        for a slot that only a closing socket still held."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._slot is not None:
+            self._slot.done("response")
 
 
 class DisconnectWatch:

@@ -347,11 +347,26 @@ def test_the_slot_is_given_back_after_an_answer_an_error_and_a_stream(tmp_path):
     engine.script = lambda state, mode: {"message": "ok"}
     with client.post("/hugginggpt", json={**ASK, "stream": True}) as resp:
         assert "event: done" in resp.get_data(as_text=True)
-    wait_until(lambda: status(ASK) == 200, 5, "the slot given back")
+        assert status(ASK) == 200  # read to its end, not yet closed: the slot is free already
+    for stream_body, path in (({**ASK, "stream": True}, "/hugginggpt"),
+                              ({"model": "hugginggpt", **ASK, "stream": True}, "/v1/chat/completions")):
+        for script in (lambda state, mode: {"message": "ok"}, lambda state, mode: 1 / 0):
+            engine.script = script
+            with client.post(path, json=stream_body) as resp:
+                assert "data:" in resp.get_data(as_text=True)
+                assert slots.acquire(blocking=False), f"{path}: a stream read to its end still holds its slot"
+                slots.release()
+    engine.script = lambda state, mode: {"message": "ok"}
     with client.post("/tasks", json=ASK) as resp:
         assert resp.status_code == 200
-        with client.post("/tasks", json=ASK) as second:
-            assert second.status_code == 429  # one slot, held until the first response is closed
+        with client.post("/tasks", json=ASK) as second:  # the first is answered: a client may ask again at once
+            assert second.status_code == 200
+    release = threading.Event()
+    engine.script = lambda state, mode: release.wait(10) and {"message": "ok"}
+    with client.post("/hugginggpt", json={**ASK, "stream": True}) as resp:
+        assert status(ASK) == 429  # one slot, held while the stream's work runs
+        release.set()
+        resp.get_data()
 
 
 def test_a_stream_holds_its_slot_until_its_work_has_ended_even_when_the_client_left(tmp_path):
