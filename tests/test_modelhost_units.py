@@ -219,6 +219,32 @@ def test_urls_are_fetched_under_the_servers_policy_and_timeout(site, web):
         assert time.monotonic() - started < 5
 
 
+def test_fetch_urls_reads_each_url_once_and_keeps_a_failure_for_the_handler_that_reads_it(site, web):
+    """LocalEngine.infer calls `fetch_urls` on the request's own thread before the model's turn: the handler
+    then reads the bytes fetched there; a URL that failed fails the handler that reads it and nothing else; a
+    public/ path or data URI is read where it is used, as before."""
+    Image.new("RGB", (30, 20)).save(site.public / "examples" / "later.png")
+    inputs = Inputs(body={"img_url": f" {web.url}/later.png", "audio_url": web.silent.replace("http", "HTTP", 1),
+                          "text": "hi"}, public_dir=site.public, policy=web.policy, timeout=0.5)
+    started = time.monotonic()
+    inputs.fetch_urls()  # the silent peer's failure is kept, not raised
+    assert time.monotonic() - started < 5
+    assert set(inputs.fetched) == {"img_url", "audio_url"}
+    Image.new("RGB", (5, 5)).save(site.public / "examples" / "later.png")  # changed after the fetch
+    assert inputs.image().size == (30, 20)
+    assert inputs.text() == "hi"
+    with pytest.raises(ResourceError):
+        inputs.audio()
+    with pytest.raises(BadRequest, match="`img_url` is required"):
+        Inputs(body={"img_url": ""}, public_dir=site.public).image()
+    uri = "data:image/png;base64," + base64.b64encode((site.public / "examples" / "red.png").read_bytes()).decode()
+    for ref in ("/examples/red.png", uri):
+        local = Inputs(body={"img_url": ref, "audio_url": "/examples/hello.wav"}, public_dir=site.public)
+        local.fetch_urls()
+        assert local.fetched == {}
+        assert local.image().size == (80, 60) and len(local.audio()) == 8000
+
+
 def write_wav(site, name: str, samples, rate: int, subtype: str = "FLOAT") -> str:
     sf.write(site.public / "examples" / name, np.asarray(samples, dtype="float32"), rate, subtype=subtype)
     return f"/examples/{name}"

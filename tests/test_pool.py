@@ -258,42 +258,79 @@ def test_what_a_load_takes_and_an_eviction_gives_back_is_measured(models_dir, mo
 
 
 def test_the_models_server_never_evicts_a_model_another_request_is_using(tmp_path):
-    """Two requests to the real models_server.py under a memory budget that holds one of two audio models: while
-    the first request is inside its model (reading its audio from a slow peer), the second model does not fit,
-    and the second request gets a 503 naming the model in use instead of evicting it from under the first."""
+    """Two requests to the real models_server.py under a memory budget that holds one of two models: while the
+    first request is inside its model (a diffusion run, its steps heard as they come), the second model does not
+    fit, and the second request gets a 503 naming the model in use instead of evicting it from under the first."""
+    from tests.test_models_server import start_models_server
+    from tests.tiny_models import audio_classifier, tiny_stable_diffusion
+
+    sd, clf = "stable-diffusion-v1-5/stable-diffusion-v1-5", "MIT/ast-finetuned-audioset-10-10-0.4593"
+    models_dir = tmp_path / "models"
+    tiny_stable_diffusion(models_dir / sd)
+    audio_classifier(models_dir / clf)
+    reg = Registry("full", models_dir)
+    budget = reg.expected_bytes(reg.get(sd))  # either fits; the pipeline's loaded bytes and the classifier's do not
+    public = make_public(tmp_path / "public")
+    proc, url = start_models_server(tmp_path, models_dir, public, budget_gb=budget / 1e9, deployment="full")
+    try:
+        first = requests.post(f"{url}/models/{sd}", json={"text": "a long one", "steps": 150},
+                              headers={"Accept": "text/event-stream"}, stream=True, timeout=120)
+        lines = first.iter_lines(decode_unicode=True)
+        for line in lines:
+            if line.startswith("data: ") and '"step":1,' in line:
+                break  # the first is in its model
+        else:
+            raise AssertionError("the diffusion run never reached its first step")
+        second = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
+        assert second.status_code == 503, second.text
+        assert f"in use now: {sd}" in second.json()["error"]["message"]
+        rows = {r["id"]: r for r in requests.get(f"{url}/models", timeout=10).json()["models"]}
+        assert rows[sd]["loaded"] and not rows[clf]["loaded"]
+        rest = [line for line in lines if line.startswith(("event: ", "data: "))]
+        assert rest[-2] == "event: result" and '"path":"/images/' in rest[-1].replace(" ", "")  # ran to its end
+        again = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
+        assert again.status_code == 200, again.text  # idle now: the first model makes room
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_slow_audio_url_holds_neither_its_model_nor_the_cpu(tmp_path):
+    """A request whose `audio_url` is a peer that sends four bytes and stalls waits for them on its own thread
+    (up to fetch_timeout): another request of the same model, and one of another model, are answered meanwhile
+    (the model's turn and the CPU's one compute thread are taken only once the inputs are in); the stalled one
+    then gets a 400 saying what was wrong with its audio."""
     from tests.fakes.raw_peer import RawPeer
     from tests.test_models_server import start_models_server
-    from tests.tiny_models import audio_classifier, speech_recognizer
+    from tests.tiny_models import speech_recognizer, text_classifier
 
-    asr, clf = "facebook/wav2vec2-base-960h", "MIT/ast-finetuned-audioset-10-10-0.4593"
+    asr, text = "facebook/wav2vec2-base-960h", "distilbert/distilbert-base-uncased-finetuned-sst-2-english"
     models_dir = tmp_path / "models"
     speech_recognizer(models_dir / asr)
-    audio_classifier(models_dir / clf)
-    reg = Registry("standard", models_dir)
-    sizes = [reg.expected_bytes(reg.get(m)) for m in (asr, clf)]
-    budget = max(sizes) + min(sizes) // 2  # either model fits, both do not
+    text_classifier(models_dir / text)
     public = make_public(tmp_path / "public")
     peer = RawPeer()
-    proc, url = start_models_server(tmp_path, models_dir, public, budget_gb=budget / 1e9,
-                                    extra=("url_allowlist: ['127.0.0.1']",))
-    first: dict[str, requests.Response] = {}
+    proc, url = start_models_server(tmp_path, models_dir, public,
+                                    extra=("url_allowlist: ['127.0.0.1']", "fetch_timeout: 30"))
+    stalled: dict[str, requests.Response] = {}
     try:
-        reader = threading.Thread(target=lambda: first.setdefault("resp", requests.post(
+        for model, body in ((asr, {"audio_url": "/examples/hello.wav"}), (text, {"text": "a fine day"})):
+            assert requests.post(f"{url}/models/{model}", json=body, timeout=120).status_code == 200  # loaded
+        reader = threading.Thread(target=lambda: stalled.setdefault("resp", requests.post(
             f"{url}/models/{asr}", json={"audio_url": f"http://127.0.0.1:{peer.port}/stall"}, timeout=60)))
         reader.start()
         deadline = time.monotonic() + 60
-        while "stall" not in peer.sent and time.monotonic() < deadline:  # the first is in its model
+        while "stall" not in peer.sent and time.monotonic() < deadline:
             time.sleep(0.02)
         assert "stall" in peer.sent
-        second = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
-        assert second.status_code == 503, second.text
-        assert f"in use now: {asr}" in second.json()["error"]["message"]
-        rows = {r["id"]: r for r in requests.get(f"{url}/models", timeout=10).json()["models"]}
-        assert rows[asr]["loaded"] and not rows[clf]["loaded"]
+        for model, body in ((asr, {"audio_url": "/examples/hello.wav"}), (text, {"text": "a fine day"})):
+            resp = requests.post(f"{url}/models/{model}", json=body, timeout=60)
+            assert resp.status_code == 200, resp.text
+            assert reader.is_alive(), f"{model} was answered only after the stalled request ended"
+        peer.stop.set()  # the peer hangs up: four bytes are no audio
         reader.join(60)
-        assert first["resp"].status_code == 400  # the stalled peer's four bytes are no audio: said, not crashed
-        again = requests.post(f"{url}/models/{clf}", json={"audio_url": "/examples/hello.wav"}, timeout=60)
-        assert again.status_code == 200, again.text  # idle now: the first model makes room
+        assert stalled["resp"].status_code == 400, stalled["resp"].text
+        assert "audio_url" in stalled["resp"].json()["error"]["message"]
     finally:
         peer.stop.set()
         peer.sock.close()

@@ -42,6 +42,7 @@ class LocalEngine:
         return self.pool.memory()
 
     def infer(self, spec: ModelSpec, inputs: Inputs) -> Any:
+        inputs.fetch_urls()  # on this request's thread: a slow URL holds neither the model nor a compute thread
         batchable = BATCHABLE.get(spec.task) if self.batcher is not None else None
         if batchable is None:
             with self.pool.use(spec) as loaded:  # the model's turn is taken here, the work runs on a compute thread

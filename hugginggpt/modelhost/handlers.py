@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +15,14 @@ import numpy as np
 
 from ..backends.normalize import overlay_masks
 from ..errors import BadRequest, ResourceError
-from ..resources import DEFAULT_MAX_PIXELS, decode_image, new_output_path, resolve, save_image
+from ..resources import DEFAULT_MAX_PIXELS, Resource, decode_image, new_output_path, resolve, save_image
 from ..urlpolicy import UrlPolicy
 from .pool import Loaded
 from .progress import diffusion_steps, token_steps
 
 MAX_NEW_TOKENS = 1024  # a client's `max_new_tokens` for the text generators
 MAX_STEPS = 150  # a client's `steps` for the diffusion pipelines (JARVIS uses 20-25)
+URL_FIELDS = ("img_url", "audio_url")  # the body's fields that may name a file by URL
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,33 @@ class Inputs:
     timeout: float = 15.0
     policy: UrlPolicy | None = None  # for http(s) img_url / audio_url; None: the strict default
     max_pixels: int = DEFAULT_MAX_PIXELS
+    fetched: dict[str, Resource | ResourceError] = field(default_factory=dict, compare=False, repr=False)
+
+    def fetch_urls(self) -> None:
+        """Fetch the body's http(s) `img_url` / `audio_url` now, on the request's own thread, before the model's
+        turn and a compute thread are taken (LocalEngine.infer): a slow or stalled peer then holds its own
+        request only, never the model (its other requests run) nor the CPU's compute thread (every model's
+        calls), for up to `fetch_timeout`. A failure is kept and raised where the handler reads the field, so a
+        field the task never reads fails nothing, as before."""
+        for name in URL_FIELDS:
+            ref = self.body.get(name)
+            if isinstance(ref, str) and ref.strip().lower().startswith(("http://", "https://")):
+                try:
+                    self.fetched[name] = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
+                except ResourceError as exc:
+                    self.fetched[name] = exc
+
+    def resource(self, name: str) -> Resource:
+        """The bytes `name` (`img_url` or `audio_url`) names: fetched already, or resolved now."""
+        ref = self.body.get(name)
+        if not isinstance(ref, str) or not ref:
+            raise BadRequest(f"`{name}` is required: a public/ path, an http(s) URL or a data URI")
+        got = self.fetched.get(name)
+        if isinstance(got, ResourceError):
+            raise got
+        if got is not None:
+            return got
+        return resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
 
     def text(self, field: str = "text") -> str:
         value = self.body.get(field)
@@ -57,19 +85,12 @@ class Inputs:
         return value
 
     def image(self):
-        ref = self.body.get("img_url")
-        if not isinstance(ref, str) or not ref:
-            raise BadRequest("`img_url` is required: a public/ path, an http(s) URL or a data URI")
-        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
-        return decode_image(res.data, self.max_pixels, what="`img_url`")
+        return decode_image(self.resource("img_url").data, self.max_pixels, what="`img_url`")
 
     def audio(self, rate: int = 16000) -> np.ndarray:
         import soundfile as sf
 
-        ref = self.body.get("audio_url")
-        if not isinstance(ref, str) or not ref:
-            raise BadRequest("`audio_url` is required: a public/ path, an http(s) URL or a data URI")
-        res = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
+        res = self.resource("audio_url")
         try:
             data, sr = sf.read(io.BytesIO(res.data), dtype="float32", always_2d=True)
         except Exception:  # noqa: BLE001 - libsndfile raises its own types

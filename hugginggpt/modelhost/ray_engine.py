@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 from ..cancel import Cancelled
 from ..errors import BadRequest
-from ..resources import OUTPUT_PATH, resolve
+from ..resources import OUTPUT_PATH
 from .batching import batch_size_var, each_or_batch
 from .compute import Compute, default_threads
-from .handlers import BATCHABLE, Inputs
+from .handlers import BATCHABLE, URL_FIELDS, Inputs
 from .pool import InferenceFailed, ModelUnavailable
 from .progress import LOADING, QUEUED, Watch, current, phase, watching
 from .registry import ModelSpec, Registry
@@ -304,10 +304,9 @@ class RayEngine:
 
     def infer(self, spec: ModelSpec, inputs: Inputs) -> Any:
         body = dict(inputs.body)
-        for key in ("img_url", "audio_url"):  # resolved here, under this server's URL policy and public/
+        for key in URL_FIELDS:  # resolved here, under this server's URL policy and public/
             if isinstance(body.get(key), str) and body[key]:
-                body[key] = resolve(body[key], inputs.public_dir, inputs.max_bytes, inputs.timeout,
-                                    policy=inputs.policy).data_uri()
+                body[key] = inputs.resource(key).data_uri()
         handle = self.handles[self.gpu_share(spec, self.device_name)].options(multiplexed_model_id=spec.id)
         watch = current()
         if watch is None:
