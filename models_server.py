@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.debug, None)
     from hugginggpt.modelhost.app import create_app
     from hugginggpt.modelhost.batching import Batcher
-    from hugginggpt.modelhost.compute import Compute, default_threads
+    from hugginggpt.modelhost.compute import for_device
     from hugginggpt.modelhost.device import free_memory_reader, resolve_device, version_problems
     from hugginggpt.modelhost.engine import LocalEngine
     from hugginggpt.modelhost.pool import ModelPool
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                            max_batch_size=config.max_batch_size, batch_wait_ms=config.batch_wait_ms,
                            compute_threads=config.compute_threads)
     else:
-        compute = Compute(config.compute_threads or default_threads(device))
+        compute = for_device(device, config.compute_threads)
         pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device), compute=compute)
         engine = LocalEngine(pool, Batcher(config.max_batch_size, config.batch_wait_ms / 1000))
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "

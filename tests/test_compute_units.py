@@ -15,7 +15,7 @@ import weakref
 import pytest
 
 from hugginggpt.modelhost import progress
-from hugginggpt.modelhost.compute import ACCELERATOR_THREADS, CPU_THREADS, Compute, cores, default_threads
+from hugginggpt.modelhost.compute import ACCELERATOR_THREADS, CPU_THREADS, Compute, cores, default_threads, for_device
 
 
 def test_a_call_returns_its_result_and_raises_its_own_error_in_the_caller():
@@ -125,6 +125,8 @@ def test_cores_follow_omp_num_threads_where_set(monkeypatch):
 def test_the_cpu_takes_one_call_at_a_time_and_an_accelerator_four():
     assert default_threads("cpu") == CPU_THREADS == 1
     assert default_threads("cuda:0") == default_threads("mps") == ACCELERATOR_THREADS == 4
+    assert for_device("cpu").threads == 1 and for_device("cuda:1").threads == 4  # compute_threads unset
+    assert for_device("cpu", 3).threads == 3 and for_device("cuda:0", 2).threads == 2  # compute_threads: N
     with pytest.raises(ValueError, match="^compute threads must be at least 1$"):
         Compute(0)
 

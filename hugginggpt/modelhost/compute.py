@@ -1,4 +1,5 @@
-"""Where the flask engine's model work runs: a few long-lived threads, each with its share of the cores.
+"""Where model work runs (the flask engine's pool, a Ray replica): a few long-lived threads, each with its share
+of the cores.
 
 Why not on the web server's own threads: torch runs its CPU kernels on an OpenMP team that belongs to the
 thread that called them, and a team lives as long as its thread. The server answers on up to
@@ -10,9 +11,11 @@ calls go to `threads` threads here, each running torch on `cores // threads` thr
 together never outnumber the cores, whichever web thread took the request.
 
 Only the work itself comes here. Waiting for a model another request is using, or for another load, happens on
-the caller's thread first (pool.py), so a compute thread never waits for a lock, and a call of one model is
-never stuck behind calls queued for another. The caller's context comes along, so a watched call reports its
-steps and stops when its client leaves, as before.
+the caller's thread first (pool.py, ray_engine.in_turn), and so does fetching a request's input URLs
+(handlers.Inputs.fetch_urls): a compute thread never waits for a lock or a peer. On the CPU's one thread a call
+of one model does wait behind another model's running call, and a watched call says so (`queued`, "behind
+other models' calls"). The caller's context comes along, so a watched call reports its steps and stops when its
+client leaves, as before.
 """
 
 from __future__ import annotations
@@ -37,8 +40,6 @@ CPU_THREADS = 1  # on the CPU calls take turns: each has every core, and the fir
 ACCELERATOR_THREADS = 4  # on a GPU the cores feed the device; calls of different models overlap there
 
 
-def default_threads(device: str) -> int:
-    return CPU_THREADS if device == "cpu" else ACCELERATOR_THREADS
 
 
 def cores() -> int:
@@ -132,3 +133,13 @@ def _started(waited: bool, resume: str, fn: Callable[..., T], *args: Any) -> T:
     if waited:  # the queued phase ends here; a task with steps reports them next
         progress.phase(resume)
     return fn(*args)
+
+
+def default_threads(device: str) -> int:
+    return CPU_THREADS if device == "cpu" else ACCELERATOR_THREADS
+
+
+def for_device(device: str, threads: int | None = None) -> Compute:
+    """The compute threads of a server or replica on `device`: `threads` (the `compute_threads` setting) or the
+    device's default."""
+    return Compute(threads or default_threads(device))

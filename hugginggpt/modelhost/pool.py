@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import progress
-from .compute import Compute, default_threads
+from .compute import Compute, for_device
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class ModelPool:
         run models (compute.py; default: the device's default count)."""
         self.registry = registry
         self.device = device
-        self.compute = compute or Compute(default_threads(device))
+        self.compute = compute or for_device(device)
         self.budget = budget_bytes
         self.free_memory = free_memory
         self._guard = threading.Lock()

@@ -32,7 +32,7 @@ from ..cancel import Cancelled
 from ..errors import BadRequest
 from ..resources import OUTPUT_PATH
 from .batching import batch_size_var, each_or_batch
-from .compute import Compute, default_threads
+from .compute import Compute, for_device
 from .handlers import BATCHABLE, URL_FIELDS, Inputs
 from .pool import InferenceFailed, ModelUnavailable
 from .progress import LOADING, QUEUED, Watch, current, phase, watching
@@ -59,7 +59,7 @@ def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s
             self.locks: dict[str, asyncio.Lock] = {}
             self.running: set[asyncio.Future[Any]] = set()
             # torch's teams never outnumber the cores (compute.py)
-            self.compute = Compute(compute_threads or default_threads(device))
+            self.compute = for_device(device, compute_threads)
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
         async def get_model(self, model_id: str) -> Any:
