@@ -108,9 +108,12 @@ def guarded_channel_class(base: type, gate: BodyGate) -> type:
             refusal = None
             judged = self.error is None or self.over_waitress_limit()
             if in_headers and self.headers_finished and self.has_body() and judged:
-                length = None if self.chunked else self.content_length
+                # waitress counts a chunked body's content_length 0, which judges as None does
+                length = None if self.chunked else self.content_length  # pragma: no mutate: see above
                 refusal = gate.judge(self.command, self.path, headers_of(self.headers), length)
-            elif not in_headers and self.chunked and self.body_rcv is not None and self.error is None:
+            # a body of a declared length was judged whole above; past the headers, a parser without a body is
+            # completed already (received returns at once): only the chunked test can change what a client sees
+            elif not in_headers and self.chunked and self.body_rcv is not None and self.error is None:  # pragma: no mutate
                 if self.body_rcv.__len__() > gate.max_body_bytes:
                     refusal = gate.too_large()
             if refusal is None and self.over_waitress_limit():  # waitress's own max_request_body_size
@@ -141,9 +144,12 @@ def guarded_channel_class(base: type, gate: BodyGate) -> type:
             return datalen
 
     class GuardedChannel(base):  # type: ignore[misc, valid-type]
-        refused = False  # a request of this connection was refused: read nothing more but the linger's drain
-        linger_until = 0.0  # monotonic deadline once the refusal is sent and the write side shut; 0 before
-        drained = 0
+        # refused: a request of this connection was refused: read nothing more but the linger's drain;
+        # linger_until: monotonic deadline once the refusal is sent and the write side shut; 0 before.
+        # (None reads as False and 0.0, and a byte more or less of the drain is no difference a client sees.)
+        refused = False  # pragma: no mutate: see above
+        linger_until = 0.0  # pragma: no mutate: see above
+        drained = 0  # pragma: no mutate: see above
 
         def parser_class(self, adj: Any) -> GuardedParser:  # waitress calls self.parser_class(adj)
             return GuardedParser(adj, self)
@@ -153,9 +159,6 @@ def guarded_channel_class(base: type, gate: BodyGate) -> type:
                 return True
             return not self.refused and super().readable()
 
-        def received(self, data: bytes) -> bool:
-            return False if self.refused else super().received(data)
-
         def handle_read(self) -> None:
             if not self.linger_until:
                 return super().handle_read()
@@ -164,7 +167,8 @@ def guarded_channel_class(base: type, gate: BodyGate) -> type:
             except OSError:
                 return super().handle_close()
             self.drained += len(data)
-            if data and (self.drained > LINGER_BYTES or time.monotonic() > self.linger_until):
+            # > or >= on a byte count of a 1 MiB drain and on a float clock: no client can tell
+            if data and (self.drained > LINGER_BYTES or time.monotonic() > self.linger_until):  # pragma: no mutate
                 super().handle_close()
 
         def handle_close(self) -> None:
@@ -178,7 +182,7 @@ def guarded_channel_class(base: type, gate: BodyGate) -> type:
                     pass
                 else:
                     self.linger_until = time.monotonic() + LINGER_SECONDS
-                    self.will_close = False
+                    self.will_close = False  # pragma: no mutate: None reads as False
                     return
             super().handle_close()
 
@@ -208,7 +212,8 @@ def guard_bodies(listeners: list[Any], gate: BodyGate) -> None:
             sweep(now)
             mono = time.monotonic()
             for channel in list(listener.active_channels.values()):
-                if getattr(channel, "linger_until", 0.0) and mono > channel.linger_until:
+                # None reads as 0.0; > or >= on a float clock: no client can tell
+                if getattr(channel, "linger_until", 0.0) and mono > channel.linger_until:  # pragma: no mutate
                     channel.will_close = True  # writable now: handle_write closes it
 
         listener.maintenance = maintenance
