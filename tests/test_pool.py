@@ -87,6 +87,7 @@ def test_cuda_on_a_machine_without_it_falls_back_to_the_cpu(tmp_path):
         proc.wait(10)
     log = next(tmp_path.glob("models-*.log")).read_text()
     assert sum(line.startswith("warning:") for line in log.splitlines()) == 1, log
+    assert " on cpu, 1 compute thread\n" in log, log  # the CPU's count, not the configured accelerator's four
 
 
 # -- memory in device terms: the free-memory reading is injected, as CUDA's mem_get_info would give it ----------

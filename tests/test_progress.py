@@ -460,6 +460,7 @@ def test_with_two_compute_threads_another_models_call_runs_beside_the_diffusion_
                                                                       if line.startswith("data: "))))
         assert step < 150  # the diffusion run was still going when GPT-2 answered
         a.close()
+        assert " on cpu, 2 compute threads\n" in proc.log_path.read_text()  # what the start line says
     finally:
         proc.terminate()
         proc.wait(10)
