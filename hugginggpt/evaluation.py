@@ -77,7 +77,9 @@ def gold_as_our_plan(task_nodes: list[dict[str, Any]], tools: ToolSet) -> list[d
         for argument in node.get("arguments", []):
             value = argument if isinstance(argument, str) else json.dumps(argument)
             refs = [int(j) for j in NODE_REF.findall(value)]
-            deps += [j for j in refs if j != i and j not in deps]
+            for j in refs:  # each node once, however often the arguments name it
+                if j != i and j not in deps:
+                    deps.append(j)
             kind = _kind_of(value, refs, task_nodes, tools)
             value = NODE_REF.sub(lambda m: f"<GENERATED>-{m.group(1)}", value)
             args[kind] = f"{args[kind]} {value}" if kind in args else value
