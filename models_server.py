@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)  # SIGTERM ends like Ctrl-C, so the engine (Ray too) shuts down
     app = create_app(engine, config.public_dir, token=config.models_server_token, policy=config.url_policy(),
                      max_pixels=config.max_image_pixels, discovery=discovery, listen_host=config.models_host,
-                     hosts=config.models_server_hosts)
+                     hosts=config.models_server_hosts, fetch_bytes=config.max_fetch_bytes,
+                     fetch_timeout=config.fetch_timeout)
     try:
         # enough threads that every caller a batch may hold reaches the batcher (http_threads overrides)
         threads = config.http_threads or config.max_concurrent_requests + 16

@@ -300,7 +300,7 @@ def test_a_slow_audio_url_holds_neither_its_model_nor_the_cpu(tmp_path):
     """A request whose `audio_url` is a peer that sends four bytes and stalls waits for them on its own thread
     (up to fetch_timeout): another request of the same model, and one of another model, are answered meanwhile
     (the model's turn and the CPU's one compute thread are taken only once the inputs are in); the stalled one
-    then gets a 400 saying what was wrong with its audio."""
+    is cut at the models server's own `fetch_timeout` and told so, and its `max_fetch_bytes` bounds a file."""
     from tests.fakes.raw_peer import RawPeer
     from tests.test_models_server import start_models_server
     from tests.tiny_models import speech_recognizer, text_classifier
@@ -312,7 +312,8 @@ def test_a_slow_audio_url_holds_neither_its_model_nor_the_cpu(tmp_path):
     public = make_public(tmp_path / "public")
     peer = RawPeer()
     proc, url = start_models_server(tmp_path, models_dir, public,
-                                    extra=("url_allowlist: ['127.0.0.1']", "fetch_timeout: 30"))
+                                    extra=("url_allowlist: ['127.0.0.1']", "fetch_timeout: 6",
+                                           f"max_fetch_bytes: {2 * 1024 * 1024}"))
     stalled: dict[str, requests.Response] = {}
     try:
         for model, body in ((asr, {"audio_url": "/examples/hello.wav"}), (text, {"text": "a fine day"})):
@@ -328,10 +329,14 @@ def test_a_slow_audio_url_holds_neither_its_model_nor_the_cpu(tmp_path):
             resp = requests.post(f"{url}/models/{model}", json=body, timeout=60)
             assert resp.status_code == 200, resp.text
             assert reader.is_alive(), f"{model} was answered only after the stalled request ended"
-        peer.stop.set()  # the peer hangs up: four bytes are no audio
-        reader.join(60)
+        reader.join(60)  # the peer stalls for 10 s: the fetch ends at 6
         assert stalled["resp"].status_code == 400, stalled["resp"].text
-        assert "audio_url" in stalled["resp"].json()["error"]["message"]
+        assert stalled["resp"].json()["error"]["message"] == (
+            f"fetching 'http://127.0.0.1:{peer.port}/stall' took longer than 6s")
+        (public / "examples" / "big.wav").write_bytes(b"\0" * (3 * 1024 * 1024))
+        big = requests.post(f"{url}/models/{asr}", json={"audio_url": "/examples/big.wav"}, timeout=60)
+        assert big.status_code == 400 and big.json()["error"]["message"] == (
+            "'/examples/big.wav' is larger than the 2 MiB limit")
     finally:
         peer.stop.set()
         peer.sock.close()

@@ -47,8 +47,12 @@ def _error(message: str, status: int, kind: str | None = None) -> Response:
 def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 * 1024, *,
                token: str | None = None, policy: UrlPolicy | None = None,
                max_pixels: int = DEFAULT_MAX_PIXELS, discovery: Discovery | None = None,
-               listen_host: str | None = None, hosts: tuple[str, ...] = ()) -> Flask:
+               listen_host: str | None = None, hosts: tuple[str, ...] = (),
+               fetch_bytes: int = 20 * 1024 * 1024, fetch_timeout: float = 15.0) -> Flask:
     """token: every route (files included) needs `Authorization: Bearer <token>` when set.
+
+    fetch_bytes, fetch_timeout: the limits of an http(s) `img_url` / `audio_url` (`max_fetch_bytes`,
+    `fetch_timeout`).
 
     Without a token, the server defends itself against web pages in a browser that can reach it (issue 20):
     a POST must be `application/json` (415; a page cannot send that without a CORS preflight, which this
@@ -189,7 +193,8 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
         problem = registry.problem(spec)
         if problem:
             return failure(problem, 404)
-        inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels)
+        inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels, max_bytes=fetch_bytes,
+                        timeout=fetch_timeout)
         started, ok = time.perf_counter(), False
         batch_size_var.set(None)  # the engine says how many requests shared this one's batch
         try:
