@@ -19,6 +19,8 @@ from typing import Any, TextIO
 from . import taskprogress
 from .chat import ChatRequest, HuggingGPT, RequestState
 from .errors import HuggingGPTError
+from .request import MAX_CONTENT_CHARS, MAX_MESSAGES
+from .textsafe import one_line
 
 FILE_RE = re.compile(r"^/(images|audios|videos)/[\w.-]+$")
 
@@ -47,10 +49,10 @@ class Turn:
     failed: list[int] = field(default_factory=list)
 
     def history_entry(self) -> str:
-        """The assistant message kept in history; names the files, as the web app does, for follow-ups."""
-        if not self.files:
-            return self.answer
-        return self.answer + "\nGenerated files: " + ", ".join(self.files)
+        """The assistant message kept in history; names the files, as the web app does, for follow-ups. A long
+        answer is cut so that the entry stays a message a request may carry (MAX_CONTENT_CHARS)."""
+        files = "\nGenerated files: " + ", ".join(self.files) if self.files else ""
+        return self.answer[:max(0, MAX_CONTENT_CHARS - len(files))] + files
 
 
 def progress_printer(out: TextIO, turn: Turn, muted: threading.Event):
@@ -82,7 +84,7 @@ def progress_printer(out: TextIO, turn: Turn, muted: threading.Event):
 
     def say(text: str) -> None:
         with lock:
-            redraw(text)
+            redraw(one_line(text))  # a peer's words (an error, a model name) never move the cursor
 
     def show(name: str, e: dict[str, Any]) -> None:
         if name == "task_progress":
@@ -234,6 +236,7 @@ def run_cli(engine: HuggingGPT, stdin: TextIO = sys.stdin, out: TextIO = sys.std
             print("\n(cancelled)", file=out, flush=True)
             continue
         messages.append({"role": "assistant", "content": turn.history_entry()})
+        del messages[:-(MAX_MESSAGES - 2)]  # the oldest turns go: the next question still makes a request
         print(f"[ Jarvis ]: {render_markdown(turn.answer, color=out.isatty())}", file=out, flush=True)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .modelhost.progress import PHASES  # the models server's phases: one vocabulary on both sides
+from .textsafe import one_line
 
 MAX_WAITING = 200  # characters of a `waiting` sentence
 
@@ -79,7 +80,7 @@ def clean(event: Any) -> dict[str, Any] | None:
         out["eta"] = round(eta, 2)
     waiting = event.get("waiting")
     if isinstance(waiting, str) and waiting:
-        out["waiting"] = waiting[:MAX_WAITING]
+        out["waiting"] = one_line(waiting)[:MAX_WAITING]  # shown on one line by every door
     return out
 
 

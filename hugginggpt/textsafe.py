@@ -18,3 +18,13 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def clean_text(text: str) -> str:
     return LONE_SURROGATE.sub("\ufffd", text)
+
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]+")
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of plain text: each run of control characters (line breaks, tabs, escape sequences a
+    terminal would obey) becomes one space. For words a peer wrote that a client shows on one line (a progress
+    line, a task's error in the CLI)."""
+    return CONTROL.sub(" ", text)

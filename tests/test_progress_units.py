@@ -276,6 +276,9 @@ def test_clean_keeps_known_fields_with_their_types_and_drops_the_rest():
         "phase": "downloading", "bytes": 5, "total_bytes": 10, "fraction": 1.0}
     assert clean({"phase": "queued", "waiting": "x" * 500})["waiting"] == "x" * taskprogress.MAX_WAITING
     assert clean({"phase": "queued", "waiting": 7}) == {"phase": "queued"}
+    # every door shows `waiting` on one line: a peer's line breaks and escape sequences become single spaces
+    assert clean({"phase": "queued", "waiting": "behind 2\r\nretrying\x1b[2J\x9b\tnow"})["waiting"] == \
+        "behind 2 retrying [2J now"
 
 
 def test_the_relay_sends_phase_changes_and_last_steps_at_once_and_other_steps_at_most_once_an_interval():
