@@ -10,7 +10,7 @@ says, through its own progress watch, that it is queued.
 
 Not covered: the out-of-memory branch of `infer` (`is_out_of_memory` -> `pool.out_of_memory(spec)`). On the CPU no
 real run raises torch's CUDA OutOfMemoryError (nor an error saying "CUDA out of memory"); triggering it would take
-patching the pipeline or torch. tests/test_batching.py covers it with a stand-in pool.
+patching the pipeline or torch. tests/test_batching_units.py covers it with a stand-in pool.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ TEXTS = ["a great movie", "bad", "the cat sits on the mat", "anna lives in berli
 
 def words_tokenizer(folder: Path) -> None:
     """A tokenizer that knows tiny_models.WORDS, so that different texts give different answers (as in
-    tests/test_batching.py)."""
+    tests/test_batching_units.py)."""
     from transformers import BertTokenizer
 
     BertTokenizer(vocab={w: k for k, w in enumerate(WORDS)}, do_lower_case=True).save_pretrained(folder)

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from tests.conftest import make_public
-from tests.test_batching import close, words_tokenizer
+from tests.test_batching_units import close, words_tokenizer
 from tests.test_models_server import start_models_server
 from tests.tiny_models import bert_config, token_classifier
 

@@ -71,12 +71,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              '        if text is not None:\n'
              '            out.write(text + "\\n")\n' + _PRINTER_BODY +
              '        with lock:\n'
-             '            redraw(text)\n',
+             "            redraw(one_line(text))  # a peer's words (an error, a model name) never move the cursor\n",
              '        if text is not None:\n'
              '            out.write(text)\n'
              '            out.write("\\n")\n' + _PRINTER_BODY +
              '        if True:\n'
-             '            redraw(text)\n',
+             "            redraw(one_line(text))  # a peer's words (an error, a model name) never move the cursor\n",
              ("tests/test_cli_pty.py::test_progress_lines_from_many_threads_are_never_glued",)),
     Mutation("drain-after-done-unbounded", "hugginggpt/llm.py",
              "        with deadline_scope(time.monotonic() + DRAIN_SECONDS):\n            for n, _ in enumerate(events):\n"
@@ -86,7 +86,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("batch-failure-fails-everyone", "hugginggpt/modelhost/batching.py",
              "        if len(items) == 1:\n            return [exc]",
              "        if True:\n            return [exc] * len(items)",
-             ("tests/test_batching.py::test_a_bad_item_fails_only_its_caller",
+             ("tests/test_batching_units.py::test_a_bad_item_fails_only_its_caller",
               "tests/test_models_batching.py::test_one_bad_input_among_them_fails_only_its_caller")),
     Mutation("evicted-model-kept-in-memory", "hugginggpt/modelhost/pool.py",
              "                if self._loaded.pop(mid, None) is None:\n                    return False",
