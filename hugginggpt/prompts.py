@@ -7,6 +7,7 @@ or newlines can never break the JSON (JARVIS edited the raw JSON text instead).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,21 @@ def context_window(model: str, override: int | None = None) -> int:
     return DEFAULT_CONTEXT_WINDOW
 
 
+SLOT = re.compile(r"\{\{(\w+)\}\}")
+
+
 def fill(template: str, slots: dict[str, Any]) -> str:
-    for key, value in slots.items():
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-        template = template.replace("{{" + key + "}}", text)
-    return template
+    """`{{name}}` in `template` replaced by its slot (text as it is, other values as JSON), in one pass: a
+    slot's name inside a value put in (a user's text saying `{{metas}}`, a past turn quoting `{{input}}`) is text,
+    never filled again; a name with no slot is left as written."""
+
+    def value_of(match: re.Match[str]) -> str:
+        if match.group(1) not in slots:
+            return match.group(0)
+        value = slots[match.group(1)]
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+    return SLOT.sub(value_of, template)
 
 
 @dataclass(frozen=True)
@@ -122,10 +133,20 @@ class PromptSet:
             data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{config_file}: not valid YAML ({exc})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{config_file}: not UTF-8 text (save it as UTF-8)") from None
+        needs = (f"{config_file}: a JARVIS config needs tprompt, prompt and demos_or_presteps entries for "
+                 "parse_task")
+        if not isinstance(data, dict):
+            raise ConfigError(needs)
         sections = {k: data.get(k) or {} for k in ("tprompt", "prompt", "demos_or_presteps")}
         if not all(isinstance(v, dict) and v.get("parse_task") for v in sections.values()):
-            raise ConfigError(f"{config_file}: a JARVIS config needs tprompt, prompt and demos_or_presteps "
-                              "entries for parse_task")
+            raise ConfigError(needs)
+        for section, entries in sections.items():
+            for stage, value in entries.items():
+                if value is not None and not isinstance(value, str):
+                    raise ConfigError(f"{config_file}: {section}.{stage} must be text, got {str(value)[:60]!r}")
+            sections[section] = {stage: value for stage, value in entries.items() if value}  # unset: ours
         demos = {}
         for stage, name in sections["demos_or_presteps"].items():
             found = [p for p in (config_file.parent.parent / name, config_file.parent / name) if p.is_file()]
@@ -178,6 +199,8 @@ def load_demos(path: Path, config_path: Path) -> list[dict[str, str]]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text (save it as UTF-8)") from None
     if not isinstance(data, list) or not all(
         isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") and isinstance(m.get("content"), str)
         for m in data
