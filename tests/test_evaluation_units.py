@@ -180,8 +180,10 @@ def test_only_the_first_reference_of_an_argument_decides_its_kind():
         "task": "summarization", "id": 2, "dep": [1, 0], "args": {"audio": "<GENERATED>-1 over <GENERATED>-0"}}
 
 
-def test_a_node_named_twice_in_one_argument_is_one_dependency():
+def test_a_node_named_twice_in_one_argument_or_in_two_is_one_dependency():
     gold = [node("Text-to-Image", "a fox"), node("Image-to-Text", "<node-0> and <node-0>")]
+    assert gold_as_our_plan(gold, TOOLS)[1]["dep"] == [0]
+    gold = [node("Text-to-Image", "a fox"), node("Visual Question Answering", "<node-0>", "what is in <node-0>?")]
     assert gold_as_our_plan(gold, TOOLS)[1]["dep"] == [0]
 
 

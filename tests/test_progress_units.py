@@ -279,6 +279,8 @@ def test_clean_keeps_known_fields_with_their_types_and_drops_the_rest():
     # every door shows `waiting` on one line: a peer's line breaks and escape sequences become single spaces
     assert clean({"phase": "queued", "waiting": "behind 2\r\nretrying\x1b[2J\x9b\tnow"})["waiting"] == \
         "behind 2 retrying [2J now"
+    # made one line first, then cut: the 200 characters a client sees are 200 of the cleaned sentence
+    assert clean({"phase": "queued", "waiting": "a\r\n" * 100})["waiting"] == "a " * 100
 
 
 def test_the_relay_sends_phase_changes_and_last_steps_at_once_and_other_steps_at_most_once_an_interval():

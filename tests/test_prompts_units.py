@@ -580,8 +580,9 @@ def test_files_that_are_not_utf8_are_refused_in_words(tmp_path):
     assert str(err.value) == f"{config}: not UTF-8 text (save it as UTF-8)"
 
 
-def test_a_jarvis_stage_left_empty_gets_ours_and_one_that_is_not_text_is_refused(tmp_path):
-    config = jarvis_checkout(tmp_path, prompt={**JARVIS_PROMPT, "response_results": None})
+@pytest.mark.parametrize("empty", [None, ""])
+def test_a_jarvis_stage_left_empty_gets_ours_and_one_that_is_not_text_is_refused(tmp_path, empty):
+    config = jarvis_checkout(tmp_path, prompt={**JARVIS_PROMPT, "response_results": empty})
     prompts = PromptSet.from_jarvis(config)
     assert prompts.response_results("hi", [])[-1] == shipped().response_results("hi", [])[-1]
     config = jarvis_checkout(tmp_path, demos_or_presteps={**JARVIS_NAMES, "choose_model": 3})
