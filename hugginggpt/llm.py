@@ -45,7 +45,7 @@ HIGHLIGHT_WORDS = (
 def normalize_endpoint(url: str) -> str:
     """Accept a base URL (`http://h:8006`, `.../v1`) or JARVIS's full URL (`.../v1/chat/completions`)."""
     url = url.strip()
-    if not re.match(r"^https?://", url):
+    if not re.match(r"^https?://", url, re.IGNORECASE):  # as check_request_endpoint accepts it: HTTP:// too
         raise BadRequest(f"api_endpoint must be an http(s) URL, got {url!r}")
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
@@ -133,8 +133,8 @@ def with_overrides(
         azure = (api_type or settings.api_type) == "azure"
         endpoint = _azure_endpoint(api_endpoint) if azure else normalize_endpoint(api_endpoint)
         configured = settings.endpoint
-        if configured is not None and not azure:
-            configured = normalize_endpoint(configured)
+        if configured is not None:  # the portal's `https://res.openai.azure.com/` is the same endpoint
+            configured = _azure_endpoint(configured) if azure else normalize_endpoint(configured)
         if endpoint != configured:
             if not allow_endpoints:
                 raise Forbidden("this server does not accept `api_endpoint` in requests "
@@ -165,9 +165,10 @@ def _pins(settings: LLMSettings) -> dict[tuple[str, int], str] | None:
 
 def _azure_endpoint(url: str) -> str:
     url = url.strip()
-    if not re.match(r"^https?://", url):
+    scheme = re.match(r"^https?://", url, re.IGNORECASE)
+    if not scheme:
         raise BadRequest(f"api_endpoint must be an http(s) URL, got {url!r}")
-    return url.rstrip("/")
+    return (scheme.group(0).lower() + url[scheme.end():]).rstrip("/")
 
 
 @functools.lru_cache(maxsize=16)
@@ -516,7 +517,7 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     try:
         if headers.get("retry-after-ms"):
-            return min(60.0, float(headers["retry-after-ms"]) / 1000)
+            return min(60.0, max(0.0, float(headers["retry-after-ms"]) / 1000))
         value = headers.get("retry-after")
         if value:
             try:
