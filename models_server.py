@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         compute = for_device(device, config.compute_threads)
         pool = ModelPool(registry, device, budget, free_memory=free_memory_reader(device), compute=compute)
         engine = LocalEngine(pool, Batcher(config.max_batch_size, config.batch_wait_ms / 1000))
-    threads = f", {pool.compute.threads} compute thread{'s' if pool.compute.threads > 1 else ''}" \
+    computing = f", {pool.compute.threads} compute thread{'s' if pool.compute.threads > 1 else ''}" \
         if args.engine == "flask" else ""
     print(f"models server: {len(servable)}/{len(registry.specs)} models servable at level {config.local_deployment} "
-          f"from {config.local_models_dir} on {device}{threads}", file=sys.stderr, flush=True)
+          f"from {config.local_models_dir} on {device}{computing}", file=sys.stderr, flush=True)
     if len(servable) < len(registry.specs):
         print(f"  the other {len(registry.specs) - len(servable)} need weights in {config.local_models_dir}: "
               f"python -m hugginggpt.modelhost.download --config {args.config} --dry-run lists them "

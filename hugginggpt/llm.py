@@ -44,9 +44,7 @@ HIGHLIGHT_WORDS = (
 
 def normalize_endpoint(url: str) -> str:
     """Accept a base URL (`http://h:8006`, `.../v1`) or JARVIS's full URL (`.../v1/chat/completions`)."""
-    url = url.strip()
-    if not re.match(r"^https?://", url, re.IGNORECASE):  # as check_request_endpoint accepts it: HTTP:// too
-        raise BadRequest(f"api_endpoint must be an http(s) URL, got {url!r}")
+    url = _http_url(url)
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     for suffix in ("/chat/completions", "/completions"):
@@ -163,12 +161,18 @@ def _pins(settings: LLMSettings) -> dict[tuple[str, int], str] | None:
     return {(parts.hostname or "", port): settings.endpoint_address}
 
 
-def _azure_endpoint(url: str) -> str:
+def _http_url(url: str) -> str:
+    """`url` stripped, its http(s) scheme in lower case (check_request_endpoint accepts `HTTP://` too); a 400
+    for any other scheme."""
     url = url.strip()
     scheme = re.match(r"^https?://", url, re.IGNORECASE)
     if not scheme:
         raise BadRequest(f"api_endpoint must be an http(s) URL, got {url!r}")
-    return (scheme.group(0).lower() + url[scheme.end():]).rstrip("/")
+    return scheme.group(0).lower() + url[scheme.end():]
+
+
+def _azure_endpoint(url: str) -> str:
+    return _http_url(url).rstrip("/")
 
 
 @functools.lru_cache(maxsize=16)

@@ -40,8 +40,6 @@ CPU_THREADS = 1  # on the CPU calls take turns: each has every core, and the fir
 ACCELERATOR_THREADS = 4  # on a GPU the cores feed the device; calls of different models overlap there
 
 
-
-
 def cores() -> int:
     """The cores torch would use: OMP_NUM_THREADS where set, else the cores this process may run on."""
     configured = (os.environ.get("OMP_NUM_THREADS") or "").strip()

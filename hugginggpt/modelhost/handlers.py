@@ -45,7 +45,7 @@ class Inputs:
             ref = self.body.get(name)
             if isinstance(ref, str) and ref.strip().lower().startswith(("http://", "https://")):
                 try:
-                    self.fetched[name] = resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
+                    self.fetched[name] = self._resolve(ref)
                 except ResourceError as exc:
                     self.fetched[name] = exc
 
@@ -59,6 +59,9 @@ class Inputs:
             raise got
         if got is not None:
             return got
+        return self._resolve(ref)
+
+    def _resolve(self, ref: str) -> Resource:
         return resolve(ref, self.public_dir, self.max_bytes, self.timeout, policy=self.policy)
 
     def text(self, field: str = "text") -> str:
