@@ -438,6 +438,16 @@ JARVIS_DEMOS = {
 JARVIS_NAMES = {stage: f"demos/demo_{stage}.json" for stage in JARVIS_DEMOS}
 
 
+NEEDS_PLANNING = "a JARVIS config needs tprompt, prompt and demos_or_presteps entries for parse_task"
+
+
+def jarvis_refusal(config: Path) -> str:
+    """The one-line ConfigError a user gets for this JARVIS config."""
+    with pytest.raises(ConfigError) as err:
+        PromptSet.from_jarvis(config)
+    return str(err.value)
+
+
 def jarvis_checkout(tmp_path: Path, demos: dict | None = None, **sections) -> Path:
     """A folder laid out like JARVIS's hugginggpt/server: configs/config.default.yaml naming demos/ beside configs/."""
     server = tmp_path / "JARVIS" / "hugginggpt" / "server"
@@ -504,18 +514,14 @@ def test_a_jarvis_stage_without_its_demos_file_or_entries_is_asked_without_demos
 
 def test_a_jarvis_checkout_without_its_planning_demos_names_the_file_it_looked_for(tmp_path):
     config = jarvis_checkout(tmp_path, demos={"choose_model": JARVIS_DEMOS["choose_model"]})
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == (f"{config}: demos file not found: {config.parent.parent / 'demos' / 'demo_parse_task.json'}"
+    assert jarvis_refusal(config) == (f"{config}: demos file not found: {config.parent.parent / 'demos' / 'demo_parse_task.json'}"
                               " (see `demos_or_presteps`)")
 
 
 def test_a_jarvis_checkout_with_broken_demos_names_the_file(tmp_path):
     config = jarvis_checkout(tmp_path)
     broken = write(config.parent.parent / "demos" / "demo_choose_model.json", '[{"role": "user", "content": "{{input}}"},]')
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == f"{broken}: not valid JSON (line 1: Expecting value)"
+    assert jarvis_refusal(config) == f"{broken}: not valid JSON (line 1: Expecting value)"
 
 
 def test_a_jarvis_config_that_does_not_exist_says_where_to_find_one(tmp_path):
@@ -543,27 +549,13 @@ def test_a_jarvis_config_that_is_not_yaml_says_so_with_yamls_reason(tmp_path):
 ])
 def test_a_jarvis_config_without_the_three_planning_entries_is_refused(tmp_path, change):
     config = jarvis_checkout(tmp_path, **change)
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == (f"{config}: a JARVIS config needs tprompt, prompt and demos_or_presteps entries for "
-                              "parse_task")
+    assert jarvis_refusal(config) == f"{config}: {NEEDS_PLANNING}"
 
 
-def test_an_empty_jarvis_config_is_refused_the_same_way(tmp_path):
-    config = write(tmp_path / "configs" / "config.yaml", "")
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == (f"{config}: a JARVIS config needs tprompt, prompt and demos_or_presteps entries for "
-                              "parse_task")
-
-
-@pytest.mark.parametrize("text", ["- a list\n- not a mapping\n", "just a string\n"])
-def test_a_jarvis_config_whose_top_level_is_not_a_mapping_is_refused_in_words(tmp_path, text):
+@pytest.mark.parametrize("text", ["", "- a list\n- not a mapping\n", "just a string\n"])
+def test_an_empty_jarvis_config_or_one_that_is_not_a_mapping_is_refused_in_words(tmp_path, text):
     config = write(tmp_path / "configs" / "config.yaml", text)
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == (f"{config}: a JARVIS config needs tprompt, prompt and demos_or_presteps entries for "
-                              "parse_task")
+    assert jarvis_refusal(config) == f"{config}: {NEEDS_PLANNING}"
 
 
 def test_files_that_are_not_utf8_are_refused_in_words(tmp_path):
@@ -575,9 +567,7 @@ def test_files_that_are_not_utf8_are_refused_in_words(tmp_path):
     assert str(err.value) == f"{demos}: not UTF-8 text (save it as UTF-8)"
     config = jarvis_checkout(tmp_path)
     config.write_bytes(config.read_text().encode("utf-16"))
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == f"{config}: not UTF-8 text (save it as UTF-8)"
+    assert jarvis_refusal(config) == f"{config}: not UTF-8 text (save it as UTF-8)"
 
 
 @pytest.mark.parametrize("empty", [None, ""])
@@ -586,9 +576,7 @@ def test_a_jarvis_stage_left_empty_gets_ours_and_one_that_is_not_text_is_refused
     prompts = PromptSet.from_jarvis(config)
     assert prompts.response_results("hi", [])[-1] == shipped().response_results("hi", [])[-1]
     config = jarvis_checkout(tmp_path, demos_or_presteps={**JARVIS_NAMES, "choose_model": 3})
-    with pytest.raises(ConfigError) as err:
-        PromptSet.from_jarvis(config)
-    assert str(err.value) == f"{config}: demos_or_presteps.choose_model must be text, got '3'"
+    assert jarvis_refusal(config) == f"{config}: demos_or_presteps.choose_model must be text, got '3'"
 
 
 def test_fill_never_fills_a_slot_named_inside_a_value_it_put_in():
