@@ -23,7 +23,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,133 +46,159 @@ T = TypeVar("T")
 
 def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005,
                   compute_threads: int | None = None):
-    """The deployment class; built lazily so that importing this module never imports Ray.
+    """The deployment class; built lazily so that importing this module never imports Ray. A shell that gives a
+    `Replica` Serve's model multiplexing (`get_model`) and gathering (`batched`): what a replica does is there.
 
     max_batch_size 1: every request runs alone."""
     from ray import serve
 
     class ModelReplica:
         def __init__(self, deployment: str, models_dir: str, catalog_path: str, device: str, max_pixels: int):
-            self.registry = Registry(deployment, Path(models_dir), catalog_path=Path(catalog_path))
-            self.device = device
-            self.max_pixels = max_pixels
-            self.locks: dict[str, asyncio.Lock] = {}
-            self.running: set[asyncio.Future[Any]] = set()
+            registry = Registry(deployment, Path(models_dir), catalog_path=Path(catalog_path))
             # torch's teams never outnumber the cores (compute.py)
-            self.compute = for_device(device, compute_threads)
+            self.work = Replica(registry, device, max_pixels, for_device(device, compute_threads), max_batch_size)
 
         @serve.multiplexed(max_num_models_per_replica=models_per_replica)
         async def get_model(self, model_id: str) -> Any:
-            return await self._load(model_id)
-
-        async def _load(self, model_id: str) -> Any:
-            """Serve calls this for a model its replica does not hold (`get_model`): a watched call that waits
-            for it hears `loading` (its watch travels in the request's context, as in the local pool)."""
-            from .pool import Loaded, load, memory_of
-
-            spec = self.registry.get(model_id)
-            if spec is None or not self.registry.servable(spec):
-                raise ModelUnavailable(f"this replica cannot serve {model_id}")
-            phase(LOADING)
-            started = time.perf_counter()
-            obj = await asyncio.wrap_future(self.compute.submit(load, spec, self.registry, self.device, resume=LOADING))
-            return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
+            return await self.work.load(model_id)
 
         async def infer(self, body: dict[str, Any]) -> dict[str, Any]:
             return await self._dispatch(body)
 
         async def infer_watched(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-            """`infer` for a watched call: its progress events ({"progress": ...}) as the run makes them, then
-            {"answer": what infer answers}. Streamed to the front (`handle.options(stream=True)`)."""
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-            watch = Watch(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-            with watching(watch):  # the task below starts with a copy of this context
-                answer = asyncio.ensure_future(self._dispatch(body))
-            self.running.add(answer)  # held until done: a run outlives a front that left
-            answer.add_done_callback(self.running.discard)
-            try:
-                async for item in pump(answer, events):
-                    yield item
-            finally:
-                watch.stop()  # the front went away (the generator closed): the run ends at its next step
+            async for item in self.work.watched(lambda: self._dispatch(body)):
+                yield item
 
         async def _dispatch(self, body: dict[str, Any]) -> dict[str, Any]:
-            """One request, watched or not: into a batch of its model, or alone under its model's lock."""
-            model_id = serve.get_multiplexed_model_id()
-            try:
-                loaded = await self.get_model(model_id)
-            except ModelUnavailable as exc:
-                return {"error": {"kind": "unavailable", "message": str(exc)}}
-            if max_batch_size > 1 and loaded.spec.task in BATCHABLE:
-                phase(QUEUED, "in a batch with other requests for this model")
-                return await self.batched((model_id, body))
-            lock = self.locks.setdefault(model_id, asyncio.Lock())
-            return await in_turn(lock, self.compute, model_id, self._run, loaded, body)
+            return await self.work.dispatch(serve.get_multiplexed_model_id(), body, self.get_model, self.batched)
 
         @serve.batch(max_batch_size=max(1, max_batch_size), batch_wait_timeout_s=batch_wait_s)
         async def batched(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-            """One batch of Serve's gathering: one run per model in it, one answer per request."""
-            answers: list[dict[str, Any]] = [{}] * len(requests)
-            by_model: dict[str, list[int]] = {}
-            for k, (model_id, _) in enumerate(requests):
-                by_model.setdefault(model_id, []).append(k)
-            for model_id, ks in by_model.items():
-                try:
-                    loaded = await self.get_model(model_id)
-                except ModelUnavailable as exc:
-                    for k in ks:
-                        answers[k] = {"error": {"kind": "unavailable", "message": str(exc)}}
-                    continue
-                async with self.locks.setdefault(model_id, asyncio.Lock()):
-                    done = await finished(self.compute.submit(self._run_batch, loaded, [requests[k][1] for k in ks]))
-                for k, answer in zip(ks, done, strict=True):
-                    answers[k] = answer
-            return answers
-
-        def _run_batch(self, loaded: Any, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            from ..errors import ResourceError
-
-            batchable = BATCHABLE[loaded.spec.task]
-            answers: list[dict[str, Any] | None] = [None] * len(bodies)
-            ready: list[tuple[int, Any]] = []
-            for k, body in enumerate(bodies):  # each request's input read alone: a bad one fails alone
-                try:
-                    ready.append((k, batchable.prepare(Inputs(body=body, public_dir=Path(tempfile.gettempdir()),
-                                                              max_pixels=self.max_pixels))))
-                except (BadRequest, ResourceError) as exc:
-                    answers[k] = {"error": {"kind": "bad_request", "message": str(exc)}}
-            results = each_or_batch(lambda items: batchable.run(loaded, items), [item for _, item in ready])
-            for (k, _), result in zip(ready, results, strict=True):
-                if isinstance(result, Exception):
-                    log.error("inference with %s failed: %s", loaded.spec.id, result)
-                    answers[k] = {"error": {"kind": "failed",
-                                            "message": f"{result.__class__.__name__}: {str(result)[:300]}"}}
-                else:
-                    answers[k] = {"result": result, "files": {}, "batch": len(bodies)}
-            return [a or {"error": {"kind": "failed", "message": "no answer"}} for a in answers]
-
-        def _run(self, loaded: Any, body: dict[str, Any]) -> dict[str, Any]:
-            from ..errors import ResourceError
-            from .handlers import handle
-
-            with tempfile.TemporaryDirectory(prefix="replica-") as tmp:
-                inputs = Inputs(body=body, public_dir=Path(tmp), max_pixels=self.max_pixels)
-                try:
-                    result = handle(loaded.spec.task, loaded, inputs)
-                except (BadRequest, ResourceError) as exc:
-                    return {"error": {"kind": "bad_request", "message": str(exc)}}
-                except Cancelled:
-                    return {"error": {"kind": "cancelled", "message": f"{loaded.spec.id} was stopped: its client left"}}
-                except Exception as exc:  # noqa: BLE001 - the model's failure, reported to the front
-                    log.exception("inference with %s failed", loaded.spec.id)
-                    return {"error": {"kind": "failed", "message": f"{exc.__class__.__name__}: {str(exc)[:300]}"}}
-                files = {}
-                for path in output_paths(result):
-                    files[path] = (Path(tmp) / path.lstrip("/")).read_bytes()
-                return {"result": result, "files": files}
+            return await self.work.gather(requests, self.get_model)
 
     return ModelReplica
+
+
+GetModel = Callable[[str], Awaitable[Any]]
+
+
+class Replica:
+    """What one replica does, without Ray (so that it is tested in-process): load a model it was asked for, run
+    each request under its model's lock on the replica's compute threads, or a batchable task's requests as
+    batches, and answer in plain data ({"result", "files"} or {"error": {"kind", "message"}}) that travels
+    back to the front. Serve's multiplexing and batching come in as `get_model` and `batched`."""
+
+    def __init__(self, registry: Registry, device: str, max_pixels: int, compute: Compute, max_batch_size: int = 1):
+        self.registry = registry
+        self.device = device
+        self.max_pixels = max_pixels
+        self.compute = compute
+        self.max_batch_size = max_batch_size
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.running: set[asyncio.Future[Any]] = set()
+
+    async def load(self, model_id: str) -> Any:
+        """Serve calls this for a model its replica does not hold (`get_model`): a watched call that waits
+        for it hears `loading` (its watch travels in the request's context, as in the local pool)."""
+        from .pool import Loaded, load, memory_of
+
+        spec = self.registry.get(model_id)
+        if spec is None or not self.registry.servable(spec):
+            raise ModelUnavailable(f"this replica cannot serve {model_id}")
+        phase(LOADING)
+        started = time.perf_counter()
+        obj = await asyncio.wrap_future(self.compute.submit(load, spec, self.registry, self.device, resume=LOADING))
+        return Loaded(spec, obj, self.device, memory_of(obj), time.perf_counter() - started)
+
+    async def watched(self, dispatch: Callable[[], Awaitable[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+        """A watched call: its progress events ({"progress": ...}) as the run (`dispatch()`) makes them, then
+        {"answer": what it answers}. Streamed to the front (`handle.options(stream=True)`)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        watch = Watch(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        with watching(watch):  # the task below starts with a copy of this context
+            answer = asyncio.ensure_future(dispatch())
+        self.running.add(answer)  # held until done: a run outlives a front that left
+        answer.add_done_callback(self.running.discard)
+        try:
+            async for item in pump(answer, events):
+                yield item
+        finally:
+            watch.stop()  # the front went away (the generator closed): the run ends at its next step
+
+    async def dispatch(self, model_id: str, body: dict[str, Any], get_model: GetModel,
+                       batched: Callable[[tuple[str, dict[str, Any]]], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """One request, watched or not: into a batch of its model, or alone under its model's lock."""
+        try:
+            loaded = await get_model(model_id)
+        except ModelUnavailable as exc:
+            return {"error": {"kind": "unavailable", "message": str(exc)}}
+        if self.max_batch_size > 1 and loaded.spec.task in BATCHABLE:
+            phase(QUEUED, "in a batch with other requests for this model")
+            return await batched((model_id, body))
+        lock = self.locks.setdefault(model_id, asyncio.Lock())
+        return await in_turn(lock, self.compute, model_id, self.run, loaded, body)
+
+    async def gather(self, requests: list[tuple[str, dict[str, Any]]], get_model: GetModel) -> list[dict[str, Any]]:
+        """One batch of Serve's gathering: one run per model in it, one answer per request."""
+        answers: list[dict[str, Any]] = [{}] * len(requests)
+        by_model: dict[str, list[int]] = {}
+        for k, (model_id, _) in enumerate(requests):
+            by_model.setdefault(model_id, []).append(k)
+        for model_id, ks in by_model.items():
+            try:
+                loaded = await get_model(model_id)
+            except ModelUnavailable as exc:
+                for k in ks:
+                    answers[k] = {"error": {"kind": "unavailable", "message": str(exc)}}
+                continue
+            async with self.locks.setdefault(model_id, asyncio.Lock()):
+                done = await finished(self.compute.submit(self.run_batch, loaded, [requests[k][1] for k in ks]))
+            for k, answer in zip(ks, done, strict=True):
+                answers[k] = answer
+        return answers
+
+    def run_batch(self, loaded: Any, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from ..errors import ResourceError
+
+        batchable = BATCHABLE[loaded.spec.task]
+        answers: list[dict[str, Any] | None] = [None] * len(bodies)
+        ready: list[tuple[int, Any]] = []
+        for k, body in enumerate(bodies):  # each request's input read alone: a bad one fails alone
+            try:
+                ready.append((k, batchable.prepare(Inputs(body=body, public_dir=Path(tempfile.gettempdir()),
+                                                          max_pixels=self.max_pixels))))
+            except (BadRequest, ResourceError) as exc:
+                answers[k] = {"error": {"kind": "bad_request", "message": str(exc)}}
+        results = each_or_batch(lambda items: batchable.run(loaded, items), [item for _, item in ready])
+        for (k, _), result in zip(ready, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("inference with %s failed: %s", loaded.spec.id, result)
+                answers[k] = {"error": {"kind": "failed",
+                                        "message": f"{result.__class__.__name__}: {str(result)[:300]}"}}
+            else:
+                answers[k] = {"result": result, "files": {}, "batch": len(bodies)}
+        return [a or {"error": {"kind": "failed", "message": "no answer"}} for a in answers]
+
+    def run(self, loaded: Any, body: dict[str, Any]) -> dict[str, Any]:
+        from ..errors import ResourceError
+        from .handlers import handle
+
+        with tempfile.TemporaryDirectory(prefix="replica-") as tmp:
+            inputs = Inputs(body=body, public_dir=Path(tmp), max_pixels=self.max_pixels)
+            try:
+                result = handle(loaded.spec.task, loaded, inputs)
+            except (BadRequest, ResourceError) as exc:
+                return {"error": {"kind": "bad_request", "message": str(exc)}}
+            except Cancelled:
+                return {"error": {"kind": "cancelled", "message": f"{loaded.spec.id} was stopped: its client left"}}
+            except Exception as exc:  # noqa: BLE001 - the model's failure, reported to the front
+                log.exception("inference with %s failed", loaded.spec.id)
+                return {"error": {"kind": "failed", "message": f"{exc.__class__.__name__}: {str(exc)[:300]}"}}
+            files = {}
+            for path in output_paths(result):
+                files[path] = (Path(tmp) / path.lstrip("/")).read_bytes()
+            return {"result": result, "files": files}
 
 
 async def in_turn(lock: asyncio.Lock, compute: Compute, model_id: str, fn: Callable[..., T], *args: Any) -> T:

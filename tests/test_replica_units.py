@@ -1,0 +1,341 @@
+"""What a Ray replica does, without Ray (`ray_engine.Replica`): it loads only what it can serve, runs a request
+alone under its model's lock or a batchable task's requests as one batch, and answers in the plain data that
+travels back to the front: {"result", "files"} or {"error": {"kind", "message"}}. Tiny real models, built once
+per version of tests/tiny_models.py; Serve's multiplexing and gathering come in as plain async functions (the
+real ones run in tests/test_models_engines.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import os
+import shutil
+import tempfile
+import threading
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from hugginggpt.modelhost.compute import Compute
+from hugginggpt.modelhost.handlers import Inputs, handle
+from hugginggpt.modelhost.pool import Loaded, ModelUnavailable
+from hugginggpt.modelhost.progress import Watch, watching
+from hugginggpt.modelhost.ray_engine import Replica
+from hugginggpt.modelhost.registry import ModelSpec, Registry
+from tests import tiny_models
+
+CLF = "tiny/clf"
+CLF2 = "tiny/clf-three"
+SD = "tiny/sd"
+MISSING = "tiny/not-on-disk"
+SPECS = (ModelSpec(CLF, "text-classification", "pipeline", "minimal", "text-classification"),
+         ModelSpec(CLF2, "text-classification", "pipeline", "minimal", "text-classification"),
+         ModelSpec(SD, "text-to-image", "diffusers", "minimal"),
+         ModelSpec(MISSING, "text-classification", "pipeline", "minimal", "text-classification"))
+LONG = " ".join(["cat"] * 400)  # past the tiny BERT's 128 positions: the model itself fails on it
+FAILS = "RuntimeError: The size of tensor a (402) must match the size of tensor b (128)"
+
+
+def words_tokenizer(folder: Path) -> None:
+    """A tokenizer that knows tiny_models.WORDS, so that different texts get different answers."""
+    from transformers import BertTokenizer
+
+    BertTokenizer(vocab={w: k for k, w in enumerate(tiny_models.WORDS)}, do_lower_case=True).save_pretrained(folder)
+
+
+def classifier(folder: Path, labels: list[str], seed: int) -> None:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    tiny_models.bert_tokenizer(folder)
+    words_tokenizer(folder)
+    BertForSequenceClassification(tiny_models.bert_config(
+        num_labels=len(labels), initializer_range=0.5, id2label=dict(enumerate(labels)),
+        label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
+
+
+def build_models(folder: Path) -> None:
+    classifier(folder / CLF, ["NEGATIVE", "POSITIVE"], seed=0)
+    classifier(folder / CLF2, ["negative", "neutral", "positive"], seed=1)
+    tiny_models.tiny_stable_diffusion(folder / SD)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> Path:
+    """Built once per version of tests/tiny_models.py and of this file's builders (the mutation audit runs these
+    tests once per mutant, in a fresh process each time)."""
+    digest = hashlib.sha1(Path(tiny_models.__file__).read_bytes() + inspect.getsource(build_models).encode()
+                          + inspect.getsource(classifier).encode())
+    folder = Path(tempfile.gettempdir()) / f"hugginggpt-replica-units-{digest.hexdigest()[:12]}"
+    if not (folder / "complete").is_file():
+        staging = tmp_path_factory.mktemp("replica-models")
+        build_models(staging)
+        (staging / "complete").write_text("")
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process built it meanwhile
+            pass
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(models_dir) -> dict[str, Loaded]:
+    """Each servable model, loaded once by a replica of the module (as Serve's multiplexing keeps it)."""
+    replica = Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, Compute(1))
+    return {mid: asyncio.run(replica.load(mid)) for mid in (CLF, CLF2, SD)}
+
+
+def replica_of(models_dir: Path, max_batch_size: int = 1, compute: Compute | None = None) -> Replica:
+    return Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, compute or Compute(1), max_batch_size)
+
+
+def held(loaded: dict[str, Loaded]):
+    """Serve's `get_model` for a replica that holds `loaded`: any other id is one it cannot serve."""
+    asked: list[str] = []
+
+    async def get_model(model_id: str) -> Loaded:
+        asked.append(model_id)
+        if model_id not in loaded:
+            raise ModelUnavailable(f"this replica cannot serve {model_id}")
+        return loaded[model_id]
+    return get_model, asked
+
+
+def close(a, b) -> bool:
+    """Equal, with floats to 1e-5 (a padded batch sums in another order than one input alone)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-5
+    return a == b
+
+
+async def never_batched(request):
+    raise AssertionError(f"a request run alone was sent to a batch: {request}")
+
+
+def alone(loaded: Loaded, body: dict) -> object:
+    """What the model's handler answers for `body`, straight (the answer a replica must pass on)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return handle(loaded.spec.task, loaded, Inputs(body=body, public_dir=Path(tmp), max_pixels=1_000_000))
+
+
+# -- loading ------------------------------------------------------------------------------------------------------
+
+
+def test_a_replica_loads_what_it_can_serve_and_a_waiting_call_hears_loading(models_dir):
+    replica = replica_of(models_dir)
+    heard: list[dict] = []
+    with watching(Watch(heard.append)):
+        got = asyncio.run(replica.load(CLF))
+    assert heard == [{"phase": "loading"}]
+    assert got.spec is replica.registry.get(CLF) and got.device == "cpu"
+    assert got.nbytes > 10_000 and 0 < got.load_seconds < 60
+    assert alone(got, {"text": "a great movie"})  # a working pipeline, not a placeholder
+    for model_id in (MISSING, "nobody/unknown"):  # not on disk; not in the catalog
+        heard.clear()
+        with watching(Watch(heard.append)), pytest.raises(ModelUnavailable) as err:
+            asyncio.run(replica.load(model_id))
+        assert str(err.value) == f"this replica cannot serve {model_id}"
+        assert heard == []  # nothing loads: the call never hears `loading`
+
+
+def test_a_load_runs_on_the_replica_s_compute_thread(models_dir):
+    threads: list[int] = []
+
+    class Recording(Compute):
+        def submit(self, fn, *args, **kwargs):
+            def recorded(*a, **k):
+                threads.append(threading.get_ident())
+                return fn(*a, **k)
+            return super().submit(recorded, *args, **kwargs)
+
+    replica = replica_of(models_dir, compute=Recording(1))
+    asyncio.run(replica.load(CLF))
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
+
+
+# -- one request at a time -----------------------------------------------------------------------------------------
+
+
+def test_a_request_run_alone_answers_what_its_model_says_under_its_model_s_lock(models_dir, loaded):
+    replica = replica_of(models_dir)
+    get_model, asked = held(loaded)
+    body = {"text": "anna lives in berlin"}
+    answer = asyncio.run(replica.dispatch(CLF2, body, get_model, never_batched))
+    assert answer == {"result": alone(loaded[CLF2], body), "files": {}}
+    assert asked == [CLF2] and list(replica.locks) == [CLF2] and not replica.locks[CLF2].locked()
+
+
+def test_batching_off_runs_a_batchable_task_alone_and_on_sends_it_to_serve_s_gathering(models_dir, loaded):
+    get_model, _ = held(loaded)
+    sent: list[tuple[str, dict]] = []
+
+    async def batched(request):
+        sent.append(request)
+        return {"result": "from the batch", "files": {}, "batch": 2}
+
+    heard: list[dict] = []
+    with watching(Watch(heard.append)):
+        answer = asyncio.run(replica_of(models_dir, 2).dispatch(CLF, {"text": "bad"}, get_model, batched))
+    assert answer == {"result": "from the batch", "files": {}, "batch": 2}
+    assert sent == [(CLF, {"text": "bad"})]
+    assert heard == [{"phase": "queued", "waiting": "in a batch with other requests for this model"}]
+    sent.clear()
+    alone_answer = asyncio.run(replica_of(models_dir, 1).dispatch(CLF, {"text": "bad"}, get_model, batched))
+    assert sent == [] and alone_answer == {"result": alone(loaded[CLF], {"text": "bad"}), "files": {}}
+
+
+def test_a_model_the_replica_cannot_serve_is_answered_unavailable(models_dir, loaded):
+    get_model, _ = held(loaded)
+    answer = asyncio.run(replica_of(models_dir).dispatch("nobody/x", {"text": "hi"}, get_model, never_batched))
+    assert answer == {"error": {"kind": "unavailable", "message": "this replica cannot serve nobody/x"}}
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_generated_file_travels_back_as_its_bytes_and_diffusion_never_batches(models_dir, loaded, max_batch_size):
+    from PIL import Image
+
+    get_model, _ = held(loaded)
+    answer = asyncio.run(replica_of(models_dir, max_batch_size).dispatch(SD, {"text": "a red fox", "steps": 2}, get_model,
+                                                         never_batched))
+    path = answer["result"]["path"]
+    assert path.startswith("/images/") and path.endswith(".png")
+    assert list(answer["files"]) == [path]
+    image = Image.open(BytesIO(answer["files"][path]))
+    assert image.format == "PNG" and image.size[0] > 0
+
+
+def test_a_replica_s_errors_say_their_kind(models_dir, loaded):
+    replica = replica_of(models_dir)
+    assert replica.run(loaded[CLF], {"text": "  "}) == {
+        "error": {"kind": "bad_request", "message": "`text` is required and must be a non-empty string"}}
+    failed = replica.run(loaded[CLF], {"text": LONG})
+    assert failed["error"]["kind"] == "failed"
+    assert failed["error"]["message"].startswith(FAILS)
+    stopped = Watch(lambda event: None)
+    stopped.stop()
+    with watching(stopped):  # the client left: the diffusion run ends at its first step
+        answer = replica.run(loaded[SD], {"text": "a red fox", "steps": 3})
+    assert answer == {"error": {"kind": "cancelled", "message": f"{SD} was stopped: its client left"}}
+
+
+def test_a_model_s_long_failure_is_cut_to_300_characters_after_its_kind(models_dir, loaded):
+    class Failing:  # a pipeline that fails with a long message (a CUDA error's dump, say)
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("x" * 299 + "yz" + "w" * 100)
+
+    broken = Loaded(loaded[CLF].spec, Failing(), "cpu", 0, 0.0)
+    message = replica_of(models_dir).run(broken, {"text": "hello"})["error"]["message"]
+    assert message == "RuntimeError: " + "x" * 299 + "y"
+
+
+# -- batches ------------------------------------------------------------------------------------------------------
+
+
+def test_a_batch_answers_each_request_in_its_place_and_a_bad_one_fails_alone(models_dir, loaded):
+    """Serve's gathering of five requests: two models, one the replica cannot serve, a bad input and an input the
+    model fails on; each gets its own answer, in its place."""
+    replica = replica_of(models_dir, 8)
+    get_model, asked = held(loaded)
+    texts = ["a great movie", "the cat sits on the mat", "hello world !"]
+    requests = [(CLF, {"text": texts[0]}), ("nobody/x", {"text": "hi"}), (CLF2, {"text": texts[1]}),
+                (CLF, {"text": ""}), (CLF, {"text": texts[2]}), (CLF2, {"text": LONG})]
+    answers = asyncio.run(replica.gather(requests, get_model))
+    assert len(answers) == 6
+    # batch: how many requests of its model came in this batch (the bad ones included)
+    assert close(answers[0], {"result": alone(loaded[CLF], {"text": texts[0]}), "files": {}, "batch": 3})
+    assert answers[1] == {"error": {"kind": "unavailable", "message": "this replica cannot serve nobody/x"}}
+    assert close(answers[2], {"result": alone(loaded[CLF2], {"text": texts[1]}), "files": {}, "batch": 2})
+    assert answers[3] == {"error": {"kind": "bad_request",
+                                    "message": "`text` is required and must be a non-empty string"}}
+    assert close(answers[4], {"result": alone(loaded[CLF], {"text": texts[2]}), "files": {}, "batch": 3})
+    assert answers[5]["error"]["kind"] == "failed"
+    assert answers[5]["error"]["message"].startswith(FAILS)
+    assert asked == [CLF, "nobody/x", CLF2]  # each model asked for once, in the order it first came
+    assert sorted(replica.locks) == [CLF, CLF2] and not any(lock.locked() for lock in replica.locks.values())
+
+
+def test_a_batch_waits_for_its_model_s_running_request(models_dir, loaded):
+    """A batch and a request run alone share the model's lock: the batch starts after the request ends."""
+    replica = replica_of(models_dir, 8, compute=Compute(2))
+    get_model, _ = held(loaded)
+    order: list[str] = []
+
+    async def scenario():
+        lock = replica.locks.setdefault(CLF, asyncio.Lock())
+        await lock.acquire()
+        batch = asyncio.ensure_future(replica.gather([(CLF, {"text": "bad"})], get_model))
+        await asyncio.sleep(0.2)
+        order.append("released" if not batch.done() else "batch ran beside the request")
+        lock.release()
+        answers = await batch
+        order.append("batch")
+        return answers
+
+    answers = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert order == ["released", "batch"]
+    assert answers == [{"result": alone(loaded[CLF], {"text": "bad"}), "files": {}, "batch": 1}]
+
+
+def test_a_batch_whose_batch_run_fails_is_run_one_by_one(models_dir, loaded):
+    replica = replica_of(models_dir, 8)
+    bodies = [{"text": "good dog"}, {"text": LONG}, {"text": "bad movie"}]
+    answers = replica.run_batch(loaded[CLF], bodies)
+    assert close(answers[0], {"result": alone(loaded[CLF], bodies[0]), "files": {}, "batch": 3})
+    assert answers[1]["error"]["kind"] == "failed"
+    assert close(answers[2], {"result": alone(loaded[CLF], bodies[2]), "files": {}, "batch": 3})
+
+
+# -- a watched call -----------------------------------------------------------------------------------------------
+
+
+def test_a_watched_call_streams_its_steps_then_its_answer(models_dir, loaded):
+    replica = replica_of(models_dir)
+    get_model, _ = held(loaded)
+
+    async def collect():
+        return [item async for item in replica.watched(
+            lambda: replica.dispatch(SD, {"text": "a red fox", "steps": 3}, get_model, never_batched))]
+
+    items = asyncio.run(asyncio.wait_for(collect(), 60))
+    steps = [item["progress"]["step"] for item in items[:-1] if "step" in item["progress"]]
+    assert steps == [1, 2, 3]
+    assert all("progress" in item for item in items[:-1])
+    assert items[-1]["answer"]["result"]["path"].startswith("/images/")
+    assert replica.running == set()
+
+
+def test_a_front_that_leaves_a_watched_call_stops_its_run_which_the_replica_holds_until_it_ends(models_dir, loaded):
+    replica = replica_of(models_dir)
+    get_model, _ = held(loaded)
+    answers: list[dict] = []
+
+    async def dispatch():
+        answer = await replica.dispatch(SD, {"text": "a red fox", "steps": 40}, get_model, never_batched)
+        answers.append(answer)
+        return answer
+
+    async def leave_after_first_step():
+        stream = replica.watched(dispatch)
+        async for item in stream:
+            if "step" in item.get("progress", {}):
+                break
+        await stream.aclose()  # Serve closes the generator when the front cancels
+        held_while_running = len(replica.running)
+        for _ in range(600):
+            if not replica.running:
+                break
+            await asyncio.sleep(0.05)
+        return held_while_running
+
+    held_while_running = asyncio.run(asyncio.wait_for(leave_after_first_step(), 60))
+    assert held_while_running == 1
+    assert replica.running == set()
+    assert answers == [{"error": {"kind": "cancelled", "message": f"{SD} was stopped: its client left"}}]
