@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import inspect
 import os
 import shutil
@@ -339,3 +340,18 @@ def test_a_front_that_leaves_a_watched_call_stops_its_run_which_the_replica_hold
     assert held_while_running == 1
     assert replica.running == set()
     assert answers == [{"error": {"kind": "cancelled", "message": f"{SD} was stopped: its client left"}}]
+
+
+# -- the Ray shell ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray[serve] is not installed (an extra)")
+@pytest.mark.parametrize(("max_batch_size", "gathers"), [(4, 4), (1, 1), (0, 1)])
+def test_serve_gathers_a_batch_as_large_and_for_as_long_as_configured(max_batch_size, gathers):
+    """`batch_wait_ms: 200` reaches the shell as 0.2 s (RayEngine divides once): Serve then waits 0.2 s for a batch
+    to fill, not 0.2 ms; and a batch is never larger than `max_batch_size` (at least 1)."""
+    from hugginggpt.modelhost.ray_engine import replica_class
+
+    cls = replica_class(models_per_replica=2, max_batch_size=max_batch_size, batch_wait_s=0.2)
+    assert cls.batched._get_batch_wait_timeout_s() == 0.2
+    assert cls.batched._get_max_batch_size() == gathers
