@@ -83,18 +83,38 @@ def models_dir(tmp_path_factory) -> Path:
     return folder
 
 
+class Held:
+    """The models a replica of the module holds, each loaded by `Replica.load` on first use (as Serve's
+    multiplexing keeps them): a test pays only for the models it uses."""
+
+    def __init__(self, models_dir: Path) -> None:
+        self.replica = Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, Compute(1))
+        self.models: dict[str, Loaded] = {}
+
+    def __contains__(self, model_id: str) -> bool:
+        return model_id in (CLF, CLF2, SD)
+
+    def __getitem__(self, model_id: str) -> Loaded:
+        if model_id not in self.models:
+            self.models[model_id] = asyncio.run(self.replica.load(model_id))
+        return self.models[model_id]
+
+    async def get(self, model_id: str) -> Loaded:
+        if model_id not in self.models:
+            self.models[model_id] = await self.replica.load(model_id)
+        return self.models[model_id]
+
+
 @pytest.fixture(scope="module")
-def loaded(models_dir) -> dict[str, Loaded]:
-    """Each servable model, loaded once by a replica of the module (as Serve's multiplexing keeps it)."""
-    replica = Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, Compute(1))
-    return {mid: asyncio.run(replica.load(mid)) for mid in (CLF, CLF2, SD)}
+def loaded(models_dir) -> Held:
+    return Held(models_dir)
 
 
 def replica_of(models_dir: Path, max_batch_size: int = 1, compute: Compute | None = None) -> Replica:
     return Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, compute or Compute(1), max_batch_size)
 
 
-def held(loaded: dict[str, Loaded]):
+def held(loaded: Held):
     """Serve's `get_model` for a replica that holds `loaded`: any other id is one it cannot serve."""
     asked: list[str] = []
 
@@ -102,7 +122,7 @@ def held(loaded: dict[str, Loaded]):
         asked.append(model_id)
         if model_id not in loaded:
             raise ModelUnavailable(f"this replica cannot serve {model_id}")
-        return loaded[model_id]
+        return await loaded.get(model_id)
     return get_model, asked
 
 
@@ -183,6 +203,7 @@ def test_batching_off_runs_a_batchable_task_alone_and_on_sends_it_to_serve_s_gat
         return {"result": "from the batch", "files": {}, "batch": 2}
 
     heard: list[dict] = []
+    loaded[CLF]  # held already: the call hears only why it waits
     with watching(Watch(heard.append)):
         answer = asyncio.run(replica_of(models_dir, 2).dispatch(CLF, {"text": "bad"}, get_model, batched))
     assert answer == {"result": "from the batch", "files": {}, "batch": 2}
