@@ -248,8 +248,8 @@ def build_app(orchestrator: Orchestrator, *, title: str = "HuggingGPT", max_uplo
             return cached
 
         turn = Conversation(orchestrator, chat, show)
-        yield turn.chat, turn.chat, history, table_value, cleared, mine
-        try:
+        try:  # from the first yield: a visitor who leaves before any event stops the request too
+            yield turn.chat, turn.chat, history, table_value, cleared, mine
             for event in run:
                 turn.handle(event)
                 if event.get("event") == "task_progress":  # Gradio's bar: the task that reported last

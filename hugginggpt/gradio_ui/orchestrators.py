@@ -252,11 +252,12 @@ class Remote:
         target = self.files / path.lstrip("/").replace("/", "_")
         if target.is_file():
             return target
+        partial = target.with_suffix(target.suffix + ".part")
         try:
             with requests.get(self.url + path, headers=self.headers, stream=True, timeout=self.timeout) as resp:
                 if resp.status_code != 200:
                     return None
-                size, partial = 0, target.with_suffix(target.suffix + ".part")
+                size = 0
                 with partial.open("wb") as out:
                     for chunk in resp.iter_content(65536):
                         size += len(chunk)
@@ -266,6 +267,7 @@ class Remote:
                 partial.replace(target)
         except (requests.RequestException, BadRequest, OSError):
             log.warning("could not fetch %s from the orchestrator", path)
+            partial.unlink(missing_ok=True)  # a refused or broken download leaves nothing behind
             return None
         return target
 
