@@ -70,27 +70,41 @@ class McpEndpoint:
         loop = asyncio.new_event_loop()
         threading.Thread(target=loop.run_forever, name="mcp-http", daemon=True).start()
         apps: dict[bool, Any] = {}
-        for streamed in (False, True):  # the SDK answers all calls of a server one way: a server for each
-            server = build_server(self.engine, calls=self.call_of)
-            # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
-            asgi = server.streamable_http_app(
-                streamable_http_path=PATH, stateless_http=True, json_response=not streamed,
-                max_request_body_size=self.engine.config.max_body_bytes,
-                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
-            started = threading.Event()
+        try:
+            for streamed in (False, True):  # the SDK answers all calls of a server one way: a server for each
+                server = build_server(self.engine, calls=self.call_of)
+                # Host and Origin are the orchestrator's business (its guard runs first), as for every other route.
+                asgi = server.streamable_http_app(
+                    streamable_http_path=PATH, stateless_http=True, json_response=not streamed,
+                    max_request_body_size=self.engine.config.max_body_bytes,
+                    transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+                started = threading.Event()
 
-            async def sessions(server: Any = server, started: threading.Event = started) -> None:
-                async with server.session_manager.run():  # what the ASGI lifespan would do; a2wsgi sends none
-                    started.set()
-                    await asyncio.Event().wait()
+                async def sessions(server: Any = server, started: threading.Event = started) -> None:
+                    async with server.session_manager.run():  # what the ASGI lifespan would do; a2wsgi sends none
+                        started.set()
+                        await asyncio.Event().wait()
 
-            running = asyncio.run_coroutine_threadsafe(sessions(), loop)
-            if not started.wait(START_TIMEOUT):
-                running.cancel()
-                raise RuntimeError("the MCP session manager did not start")
-            apps[streamed] = ASGIMiddleware(asgi, loop=loop)
+                running = asyncio.run_coroutine_threadsafe(sessions(), loop)
+                if not started.wait(START_TIMEOUT):
+                    running.cancel()
+                    raise RuntimeError("the MCP session manager did not start")
+                apps[streamed] = ASGIMiddleware(asgi, loop=loop)
+        except BaseException:  # no app to serve: the loop's thread ends too (each later try starts its own)
+            asyncio.run_coroutine_threadsafe(wind_down(), loop)
+            raise
         log.info("MCP over streamable HTTP at %s", PATH)
         return apps
+
+
+async def wind_down() -> None:
+    """Every other task of the running loop cancelled and let end (a session manager leaves its context), then
+    the loop stopped, so that its thread ends."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.get_running_loop().stop()
 
 
 def wants_progress(body: bytes) -> bool:
