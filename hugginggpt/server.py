@@ -132,7 +132,10 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     def http_error(exc: HTTPException) -> Response:
         # exc.code is set: Flask answers an HTTPException without one itself, before any handler
-        return error_response(exc.description or exc.name, exc.code, "invalid_request_error")
+        resp = error_response(exc.description or exc.name, exc.code, "invalid_request_error")
+        if getattr(exc, "valid_methods", None):  # a 405 names the methods the resource takes (HTTP requires it)
+            resp.headers["Allow"] = ", ".join(exc.valid_methods)
+        return resp
     app.register_error_handler(HTTPException, http_error)
 
     def unexpected(exc: Exception) -> Response:
@@ -306,7 +309,9 @@ def create_app(config: Config, engine: HuggingGPT | None = None, admission: Admi
 
     def public_files(filename: str) -> Response:
         if "/" + filename in takes:
-            return error_response(f"/{filename} takes POST with {takes['/' + filename]}", 405, "invalid_request_error")
+            resp = error_response(f"/{filename} takes POST with {takes['/' + filename]}", 405, "invalid_request_error")
+            resp.headers["Allow"] = "POST"  # HTTP's 405 names the methods the resource takes
+            return resp
         return send_public_file(public, filename)
     app.add_url_rule("/<path:filename>", view_func=public_files)
 

@@ -1264,6 +1264,7 @@ def test_generated_files_are_served_and_nothing_else(site, app_site):
         assert resp.status_code == 404 and "message" in error_of(resp), path
     resp = client.put("/running")
     assert resp.status_code == 405 and error_of(resp)["message"]
+    assert sorted(resp.headers["Allow"].split(", ")) == ["GET", "HEAD", "OPTIONS"]  # HTTP's 405 names them
 
 
 def test_an_unexpected_error_is_a_json_500_and_its_traceback_is_logged(site, caplog):

@@ -190,6 +190,7 @@ def test_a_get_of_a_route_says_it_takes_post(site, path):
     assert resp.status_code == 405
     assert error(resp) == {"message": f"{path} takes POST with a JSON body", "type": "invalid_request_error"}
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["Allow"] == "POST"
 
 
 def test_a_get_of_the_openai_door_says_it_takes_post_not_that_no_model_exists(site):
@@ -202,6 +203,7 @@ def test_a_get_of_the_openai_door_says_it_takes_post_not_that_no_model_exists(si
     assert client.get("/v1/models").status_code == 200
     resp = client.get("/upload")
     assert resp.status_code == 405 and error(resp)["message"] == "/upload takes POST with a file (multipart/form-data)"
+    assert resp.headers["Allow"] == "POST"
 
 
 def test_errors_of_the_pipeline_are_json_with_their_status_and_type(site, caplog):
@@ -241,6 +243,7 @@ def test_werkzeug_errors_keep_their_status_and_words(site):
     assert resp.status_code == 405
     assert error(resp) == {"message": "The method is not allowed for the requested URL.",
                            "type": "invalid_request_error"}
+    assert sorted(resp.headers["Allow"].split(", ")) == ["GET", "HEAD", "OPTIONS"]  # HTTP's 405 names them
     resp = client.get("/no/such/thing.png")
     assert resp.status_code == 404
     assert error(resp) == {"message": "no such file", "type": "invalid_request_error"}

@@ -101,7 +101,10 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
 
     def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500  # pragma: no mutate: werkzeug's errors all carry their code
-        return _error(exc.description or exc.name, status)
+        resp = _error(exc.description or exc.name, status)
+        if getattr(exc, "valid_methods", None):  # a 405 names the methods the resource takes (HTTP requires it)
+            resp.headers["Allow"] = ", ".join(exc.valid_methods)
+        return resp
     app.register_error_handler(HTTPException, http_error)
 
     def unexpected(exc: Exception) -> Response:
