@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from hugginggpt.modelhost.progress import Watch, watching
 from hugginggpt.modelhost.ray_engine import Replica
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests import tiny_models
+from tests.conftest import make_public
 
 CLF = "tiny/clf"
 CLF2 = "tiny/clf-three"
@@ -376,3 +378,134 @@ def test_serve_gathers_a_batch_as_large_and_for_as_long_as_configured(max_batch_
     cls = replica_class(models_per_replica=2, max_batch_size=max_batch_size, batch_wait_s=0.2)
     assert cls.batched._get_batch_wait_timeout_s() == 0.2
     assert cls.batched._get_max_batch_size() == gathers
+
+
+# -- the engine and its replica shell, on a stand-in of Ray and Serve (tests/fakes/ray_serve.py) ------------------
+
+
+def catalog(folder: Path) -> Path:
+    """A catalog naming the module's models (what `models_server.py` passes the engine and each replica)."""
+    rows = [{"id": CLF, "task": "text-classification",
+             "local": {"loader": "pipeline", "level": "minimal", "pipeline_task": "text-classification", "gpu": 0.25}},
+            {"id": CLF2, "task": "text-classification",
+             "local": {"loader": "pipeline", "level": "minimal", "pipeline_task": "text-classification", "gpu": 0.25}},
+            {"id": SD, "task": "text-to-image", "local": {"loader": "diffusers", "level": "minimal"}},
+            {"id": MISSING, "task": "text-classification",
+             "local": {"loader": "pipeline", "level": "minimal", "pipeline_task": "text-classification"}}]
+    path = folder / "catalog.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+def engine_of(models_dir: Path, tmp_path: Path, device: str = "cpu", **options):
+    from hugginggpt.modelhost.ray_engine import RayEngine
+    from tests.fakes.ray_serve import Ray, Serve
+
+    cat = catalog(tmp_path)
+    ray, serve = Ray(), Serve(fail_delete=options.pop("fail_delete", False))
+    engine = RayEngine(Registry("minimal", models_dir, catalog_path=cat), device, cat, make_public(tmp_path / "public"),
+                       ray=ray, serve=serve, **options)
+    return engine, ray, serve, cat
+
+
+@pytest.mark.parametrize(("max_batch_size", "ongoing"), [(1, 5), (2, 5), (3, 6), (4, 8)])
+def test_the_engine_starts_ray_and_a_deployment_per_gpu_share_with_what_the_config_says(
+        models_dir, tmp_path, max_batch_size, ongoing):
+    engine, ray, serve, cat = engine_of(models_dir, tmp_path, "cuda:0", replicas=2, models_per_replica=3,
+                                        max_pixels=123_456, max_batch_size=max_batch_size, batch_wait_ms=200)
+    assert ray.calls == [("init", {"address": None, "include_dashboard": False, "log_to_driver": False,
+                                   "ignore_reinit_error": True})]
+    assert serve.calls[0] == ("start", {"http_options": {"location": "NoServer"}})
+    kind, made = serve.calls[1]
+    assert kind == "deployment" and made["max_ongoing_requests"] == ongoing  # room for a batch to gather
+    cls = made["cls"]
+    assert cls.batched._get_batch_wait_timeout_s() == 0.2 and cls.batched._get_max_batch_size() == max_batch_size
+    assert cls.get_model.max_num_models_per_replica == 3
+    runs = [call for kind, call in serve.calls if kind == "run"]
+    args = ("minimal", str(models_dir), str(cat), "cuda:0", 123_456)
+    assert runs == [{"options": {"max_ongoing_requests": ongoing, "name": f"models-gpu{share}", "num_replicas": 2,
+                                 "ray_actor_options": {"num_cpus": 0, "num_gpus": share}},
+                     "args": args, "name": f"hugginggpt-models-models-gpu{share}", "route_prefix": None}
+                    for share in (0.25, 0.5)]  # one per share the catalog gives (SD 0.5, the classifiers 0.25)
+    assert sorted(engine.handles) == [0.25, 0.5] and engine.device == "ray (cuda:0)"
+    assert engine.app_names == ["hugginggpt-models-models-gpu0.25", "hugginggpt-models-models-gpu0.5"]
+    assert engine.loaded() == {}
+    serve.close()
+
+
+def test_on_the_cpu_every_model_shares_one_deployment_with_no_gpu_and_a_joined_cluster_is_named(models_dir, tmp_path):
+    engine, ray, serve, _ = engine_of(models_dir, tmp_path, address="ray://head:10001")
+    assert ray.calls[0] == ("init", {"address": "ray://head:10001", "include_dashboard": False,
+                                     "log_to_driver": False, "ignore_reinit_error": True})
+    [run] = [call for kind, call in serve.calls if kind == "run"]
+    assert run["options"] == {"max_ongoing_requests": 5, "name": "models-gpu0", "num_replicas": 1,
+                              "ray_actor_options": {"num_cpus": 0, "num_gpus": 0.0}}
+    assert list(engine.handles) == [0.0] and engine.device == "ray (cpu)"
+    serve.close()
+
+
+def test_an_inference_goes_from_the_front_through_the_replica_shell_to_its_model(models_dir, tmp_path):
+    from hugginggpt.modelhost.batching import batch_size_var
+
+    engine, _, serve, _ = engine_of(models_dir, tmp_path, timeout=60.0)
+    try:
+        model = engine.registry.get(CLF)
+        body = {"text": "anna lives in berlin"}
+        replica = serve_replica(engine)
+        expected = alone(asyncio.run_coroutine_threadsafe(replica.work.load(CLF), serve.loop).result(60), body)
+        assert engine.infer(model, Inputs(body=body, public_dir=engine.public_dir)) == expected
+        with pytest.raises(ModelUnavailable, match=f"^this replica cannot serve {MISSING}$"):
+            engine.infer(engine.registry.specs[MISSING], Inputs(body=body, public_dir=engine.public_dir))
+        heard: list[dict] = []
+        with watching(Watch(heard.append)):
+            out = engine.infer(engine.registry.get(SD), Inputs(body={"text": "a red fox", "steps": 2},
+                                                                 public_dir=engine.public_dir))
+        assert (engine.public_dir / out["path"].lstrip("/")).is_file()  # the replica's file, written by the front
+        assert heard[0] == {"phase": "loading"}
+        assert [e["step"] for e in heard if "step" in e] == [1, 2]
+        assert batch_size_var.get() == 1
+    finally:
+        serve.close()
+
+
+def test_a_batching_engine_sends_a_batchable_task_through_serve_s_gathering(models_dir, tmp_path):
+    from hugginggpt.modelhost.batching import batch_size_var
+
+    engine, _, serve, _ = engine_of(models_dir, tmp_path, max_batch_size=4)
+    try:
+        body = {"text": "a great movie"}
+        got = engine.infer(engine.registry.get(CLF2), Inputs(body=body, public_dir=engine.public_dir))
+        assert close(got, alone(loaded_in(engine, serve, CLF2), body))
+        assert batch_size_var.get() == 1  # Serve's batch, of one here: the answer says its size
+        replica = serve_replica(engine)
+        assert replica.work.max_batch_size == 4 and replica.work.max_pixels == 40_000_000
+    finally:
+        serve.close()
+
+
+def serve_replica(engine):
+    """The replica Serve started for the engine's (only) deployment."""
+    [handle] = engine.handles.values()
+    return handle.replicas[0]
+
+
+def loaded_in(engine, serve, model_id: str) -> Loaded:
+    return asyncio.run_coroutine_threadsafe(serve_replica(engine).get_model(model_id), serve.loop).result(60)
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_closing_removes_its_applications_from_a_joined_cluster_and_always_stops_ray(models_dir, tmp_path, joined):
+    engine, ray, serve, _ = engine_of(models_dir, tmp_path, "cuda:0", address="ray://head:10001" if joined else None)
+    engine.close()
+    deleted = [call["name"] for kind, call in serve.calls if kind == "delete"]
+    assert deleted == (["hugginggpt-models-models-gpu0.25", "hugginggpt-models-models-gpu0.5"] if joined else [])
+    assert ray.calls[-1] == ("shutdown", {})
+    serve.close()
+
+
+def test_ray_is_stopped_even_when_removing_an_application_fails(models_dir, tmp_path):
+    engine, ray, serve, _ = engine_of(models_dir, tmp_path, address="ray://head:10001", fail_delete=True)
+    with pytest.raises(RuntimeError, match="did not answer"):
+        engine.close()
+    assert ray.calls[-1] == ("shutdown", {})
+    serve.close()

@@ -45,12 +45,14 @@ T = TypeVar("T")
 
 
 def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005,
-                  compute_threads: int | None = None):
+                  compute_threads: int | None = None, serve: Any = None):
     """The deployment class; built lazily so that importing this module never imports Ray. A shell that gives a
     `Replica` Serve's model multiplexing (`get_model`) and gathering (`batched`): what a replica does is there.
 
-    max_batch_size 1: every request runs alone."""
-    from ray import serve
+    max_batch_size 1: every request runs alone. `serve`: Ray Serve's API (`ray.serve` when None; tests pass a
+    stand-in that keeps Serve's contract, as Ray is an extra)."""
+    if serve is None:
+        from ray import serve
 
     class ModelReplica:
         def __init__(self, deployment: str, models_dir: str, catalog_path: str, device: str, max_pixels: int):
@@ -295,10 +297,14 @@ class RayEngine:
     def __init__(self, registry: Registry, device: str, catalog_path: Path, public_dir: Path, *,
                  address: str | None = None, replicas: int = 1, models_per_replica: int = 3,
                  max_pixels: int = 40_000_000, timeout: float = 300.0, max_batch_size: int = 1,
-                 batch_wait_ms: float = 5.0, compute_threads: int | None = None):
-        import ray
-        from ray import serve
+                 batch_wait_ms: float = 5.0, compute_threads: int | None = None, ray: Any = None, serve: Any = None):
+        """`ray`, `serve`: Ray's and Ray Serve's APIs (imported when None; tests pass stand-ins)."""
+        if ray is None:
+            import ray
+        if serve is None:
+            from ray import serve
 
+        self.ray, self.serve = ray, serve
         self.registry = registry
         self.device = f"ray ({device})"
         self.public_dir = public_dir
@@ -307,8 +313,8 @@ class RayEngine:
         self.app_names: list[str] = []
         ray.init(address=address or None, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         serve.start(http_options={"location": "NoServer"})  # the protocol is served by the Flask front
-        cls = serve.deployment(replica_class(models_per_replica, max_batch_size, batch_wait_ms / 1000, compute_threads),
-                               max_ongoing_requests=max(5, 2 * max_batch_size))  # room for a batch to gather
+        replica = replica_class(models_per_replica, max_batch_size, batch_wait_ms / 1000, compute_threads, serve)
+        cls = serve.deployment(replica, max_ongoing_requests=max(5, 2 * max_batch_size))  # room for a batch to gather
         self.handles: dict[float, Any] = {}
         for share in sorted({self.gpu_share(s, device) for s in registry.specs.values()}):
             name = f"models-gpu{share:g}"
@@ -359,12 +365,9 @@ class RayEngine:
 
     def close(self) -> None:
         """Joined a cluster: remove our applications from it. Started Ray here: stop it, replicas included."""
-        import ray
-        from ray import serve
-
         try:
             if self.joined:
                 for name in self.app_names:
-                    serve.delete(name)
+                    self.serve.delete(name)
         finally:
-            ray.shutdown()
+            self.ray.shutdown()
