@@ -289,8 +289,17 @@ def _strings(data: dict, key: str, path: Path, env_value: str | None = None) -> 
 
 def _positive(data: dict, key: str, default: int, path: Path) -> int:
     value = _typed(data, key, int, default, path)
-    if value < 0 or (value == 0 and key in data):
+    if value < 0 or (value == 0 and _get(data, key) is not None):  # a dotted key's 0 too, not only a top-level one
         raise ConfigError(f"{path}: `{key}` must be a positive whole number, got {value!r}")
+    return value
+
+
+def _number(data: dict, key: str, path: Path) -> int | float | None:
+    """An optional number, None when absent; a word or a bool (YAML's `true` is an int to Python) is refused at
+    start, not met as a TypeError when a request compares with it."""
+    value = _get(data, key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ConfigError(f"{path}: `{key}` must be a number")
     return value
 
 
@@ -382,7 +391,7 @@ def _llm_settings(data: dict, path: Path, env: dict[str, str]) -> LLMSettings:
         use_completion=_typed(data, "use_completion", bool, False, path),
         timeout=_typed(data, "llm_timeout", float, 120.0, path),
         max_retries=_typed(data, "llm_max_retries", int, 3, path),
-        max_context_tokens=_get(data, "max_context_tokens"),
+        max_context_tokens=_positive(data, "max_context_tokens", 0, path) or None,
         url_allowlist=_strings(data, "url_allowlist", path),
     )
     if _get(data, "dev", False) or ("local" in data and "openai" not in data and "azure" not in data):
@@ -507,9 +516,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
     for stage in ("parse_task", "choose_model"):
         logit_bias[stage] = _typed(data, f"logit_bias.{stage}", float, 0.0, path)
     log_file = _get(data, "log_file")
-    memory_budget = _get(data, "memory_budget_gb")
-    if memory_budget is not None and not isinstance(memory_budget, (int, float)):
-        raise ConfigError(f"{path}: `memory_budget_gb` must be a number")
+    memory_budget = _number(data, "memory_budget_gb", path)
     return Config(
         path=path,
         root=root,
@@ -542,8 +549,8 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         status_timeout=_typed(data, "status_timeout", float, 2.0, path),
         status_cache_seconds=_typed(data, "status_cache_seconds", float, 30.0, path),
         max_workers=_typed(data, "max_workers", int, 8, path),
-        max_body_bytes=_typed(data, "max_body_bytes", int, 10 * 1024 * 1024, path),
-        max_fetch_bytes=_typed(data, "max_fetch_bytes", int, 20 * 1024 * 1024, path),
+        max_body_bytes=_positive(data, "max_body_bytes", 10 * 1024 * 1024, path),
+        max_fetch_bytes=_positive(data, "max_fetch_bytes", 20 * 1024 * 1024, path),
         fetch_timeout=_typed(data, "fetch_timeout", float, 15.0, path),
         local_models_dir=rel(_get(data, "local_models_dir", "models")),
         memory_budget_gb=float(memory_budget) if memory_budget is not None else None,
@@ -554,7 +561,7 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         semantic_ranking=bool(_get(data, "semantic_ranking", True)),
         embedding_precision=_choice(data, "embedding_precision", ("int8", "fp32"), "int8", path),
         preferred_language=_get(data, "model_constraints.language"),
-        max_model_size_mb=_get(data, "model_constraints.max_size_mb"),
+        max_model_size_mb=_number(data, "model_constraints.max_size_mb", path),
         cache_dir=rel(_get(data, "cache_dir", ".cache")),
         url_allowlist=_strings(data, "url_allowlist", path),
         allow_request_endpoints=_typed(data, "allow_request_endpoints", bool, True, path),
