@@ -11,10 +11,12 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 from io import BytesIO
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import pytest
 
 from hugginggpt.modelhost.compute import Compute
 from hugginggpt.modelhost.handlers import Inputs, handle
-from hugginggpt.modelhost.pool import Loaded, ModelUnavailable
+from hugginggpt.modelhost.pool import InferenceFailed, Loaded, ModelUnavailable
 from hugginggpt.modelhost.progress import Watch, watching
 from hugginggpt.modelhost.ray_engine import Replica
 from hugginggpt.modelhost.registry import ModelSpec, Registry
@@ -32,10 +34,12 @@ from tests.conftest import make_public
 CLF = "tiny/clf"
 CLF2 = "tiny/clf-three"
 SD = "tiny/sd"
+IMG = "tiny/vit"
 MISSING = "tiny/not-on-disk"
 SPECS = (ModelSpec(CLF, "text-classification", "pipeline", "minimal", "text-classification"),
          ModelSpec(CLF2, "text-classification", "pipeline", "minimal", "text-classification"),
          ModelSpec(SD, "text-to-image", "diffusers", "minimal"),
+         ModelSpec(IMG, "image-classification", "pipeline", "minimal", "image-classification"),
          ModelSpec(MISSING, "text-classification", "pipeline", "minimal", "text-classification"))
 LONG = " ".join(["cat"] * 400)  # past the tiny BERT's 128 positions: the model itself fails on it
 FAILS = "RuntimeError: The size of tensor a (402) must match the size of tensor b (128)"
@@ -64,6 +68,7 @@ def build_models(folder: Path) -> None:
     classifier(folder / CLF, ["NEGATIVE", "POSITIVE"], seed=0)
     classifier(folder / CLF2, ["negative", "neutral", "positive"], seed=1)
     tiny_models.tiny_stable_diffusion(folder / SD)
+    tiny_models.image_classifier(folder / IMG)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +99,7 @@ class Held:
         self.models: dict[str, Loaded] = {}
 
     def __contains__(self, model_id: str) -> bool:
-        return model_id in (CLF, CLF2, SD)
+        return model_id in (CLF, CLF2, SD, IMG)
 
     def __getitem__(self, model_id: str) -> Loaded:
         if model_id not in self.models:
@@ -112,8 +117,9 @@ def loaded(models_dir) -> Held:
     return Held(models_dir)
 
 
-def replica_of(models_dir: Path, max_batch_size: int = 1, compute: Compute | None = None) -> Replica:
-    return Replica(Registry("minimal", models_dir, SPECS), "cpu", 1_000_000, compute or Compute(1), max_batch_size)
+def replica_of(models_dir: Path, max_batch_size: int = 1, compute: Compute | None = None,
+               max_pixels: int = 1_000_000) -> Replica:
+    return Replica(Registry("minimal", models_dir, SPECS), "cpu", max_pixels, compute or Compute(1), max_batch_size)
 
 
 def held(loaded: Held):
@@ -375,7 +381,7 @@ def test_serve_gathers_a_batch_as_large_and_for_as_long_as_configured(max_batch_
     to fill, not 0.2 ms; and a batch is never larger than `max_batch_size` (at least 1)."""
     from hugginggpt.modelhost.ray_engine import replica_class
 
-    cls = replica_class(models_per_replica=2, max_batch_size=max_batch_size, batch_wait_s=0.2)
+    cls = replica_class(models_per_replica=2, max_batch_size=max_batch_size, batch_wait_s=0.2, compute_threads=None)
     assert cls.batched._get_batch_wait_timeout_s() == 0.2
     assert cls.batched._get_max_batch_size() == gathers
 
@@ -509,3 +515,142 @@ def test_ray_is_stopped_even_when_removing_an_application_fails(models_dir, tmp_
         engine.close()
     assert ray.calls[-1] == ("shutdown", {})
     serve.close()
+
+
+# -- what a user meets at the edges: pixel limits, failures in the log, a model's turn, the engine's timeout --------
+
+
+def data_uri(width: int, height: int) -> str:
+    import base64
+
+    from PIL import Image
+
+    out = BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def test_an_image_past_the_replica_s_pixel_limit_is_refused_alone_and_in_a_batch(models_dir, loaded):
+    replica = replica_of(models_dir, 8, max_pixels=2_000)
+    big, small = {"img_url": data_uri(50, 50)}, {"img_url": data_uri(40, 40)}  # 2,500 and 1,600 pixels
+    refused = {"error": {"kind": "bad_request",
+                         "message": "`img_url` is 50x50 pixels; at most 2,000 pixels are accepted"}}
+    assert replica.run(loaded[IMG], big) == refused
+    assert replica.run(loaded[IMG], small) == {"result": alone(loaded[IMG], small), "files": {}}
+    answers = replica.run_batch(loaded[IMG], [big, small])
+    assert answers[0] == refused
+    assert close(answers[1], {"result": alone(loaded[IMG], small), "files": {}, "batch": 2})
+
+
+def test_a_model_s_failure_is_in_the_replica_s_log_with_its_model(models_dir, loaded, caplog):
+    replica = replica_of(models_dir, 8)
+    with caplog.at_level(logging.ERROR, logger="hugginggpt.modelhost.ray_engine"):
+        replica.run(loaded[CLF], {"text": LONG})
+        replica.run_batch(loaded[CLF2], [{"text": LONG}])
+    alone_record, batch_record = caplog.records
+    assert alone_record.getMessage() == f"inference with {CLF} failed" and alone_record.exc_info
+    assert batch_record.getMessage().startswith(f"inference with {CLF2} failed: The size of tensor a (402)")
+
+
+def test_a_model_s_long_failure_in_a_batch_is_cut_to_300_characters(models_dir, loaded):
+    class Failing:
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("x" * 299 + "yz" + "w" * 100)
+
+    broken = Loaded(loaded[CLF].spec, Failing(), "cpu", 0, 0.0)
+    [answer] = replica_of(models_dir, 8).run_batch(broken, [{"text": "hello"}])
+    assert answer == {"error": {"kind": "failed", "message": "RuntimeError: " + "x" * 299 + "y"}}
+
+
+def test_a_second_request_of_a_running_model_hears_that_it_waits_for_that_model(models_dir, loaded):
+    replica = replica_of(models_dir, compute=Compute(2))
+    get_model, _ = held(loaded)
+    loaded[SD]
+    heard: list[dict] = []
+
+    async def scenario():
+        first = asyncio.ensure_future(replica.dispatch(SD, {"text": "a red fox", "steps": 8}, get_model,
+                                                       never_batched))
+        for _ in range(200):
+            if replica.locks.get(SD) is not None and replica.locks[SD].locked():
+                break
+            await asyncio.sleep(0.01)
+        with watching(Watch(heard.append)):
+            second = await replica.dispatch(SD, {"text": "a cat", "steps": 1}, get_model, never_batched)
+        return await first, second
+
+    first, second = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert "path" in first["result"] and "path" in second["result"]
+    assert heard[0] == {"phase": "queued", "waiting": f"{SD} is running another request"}
+
+
+def test_the_engine_s_defaults_and_its_start_line(models_dir, tmp_path, caplog):
+    from hugginggpt.modelhost.compute import default_threads
+
+    with caplog.at_level(logging.INFO, logger="hugginggpt.modelhost.ray_engine"):
+        engine, _, serve, _ = engine_of(models_dir, tmp_path)
+    try:
+        assert "Ray Serve: 1 deployment(s), 1 replica(s) each, 3 models per replica" in caplog.messages
+        [made] = [call for kind, call in serve.calls if kind == "deployment"]
+        assert made["cls"].get_model.max_num_models_per_replica == 3
+        assert made["cls"].batched._get_max_batch_size() == 1
+        assert made["cls"].batched._get_batch_wait_timeout_s() == 0.005
+        assert engine.timeout == 300.0
+        [run] = [call for kind, call in serve.calls if kind == "run"]
+        assert run["args"][-1] == 40_000_000  # max_pixels
+        replica = serve_replica(engine)
+        assert replica.work.compute.threads == default_threads("cpu") and replica.work.max_batch_size == 1
+        assert replica.work.device == "cpu" and replica.work.max_pixels == 40_000_000
+    finally:
+        serve.close()
+
+
+def test_a_replica_s_compute_threads_are_the_configured_count_or_its_device_s_default(models_dir, tmp_path, caplog):
+    from hugginggpt.modelhost.compute import default_threads
+
+    with caplog.at_level(logging.INFO, logger="hugginggpt.modelhost.ray_engine"):
+        engine, _, serve, _ = engine_of(models_dir, tmp_path, "cuda:0", replicas=2)
+    assert "Ray Serve: 2 deployment(s), 2 replica(s) each, 3 models per replica" in caplog.messages
+    assert {replica.work.compute.threads for handle in engine.handles.values() for replica in handle.replicas} == {
+        default_threads("cuda:0")}
+    assert default_threads("cuda:0") != default_threads("cpu")
+    serve.close()
+    (tmp_path / "two").mkdir()
+    engine, _, serve, _ = engine_of(models_dir, tmp_path / "two", compute_threads=2)
+    assert serve_replica(engine).work.compute.threads == 2
+    serve.close()
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_call_past_the_engine_s_timeout_fails_with_task_timeout_in_its_message(models_dir, tmp_path, watched):
+    engine, _, serve, _ = engine_of(models_dir, tmp_path, timeout=0.3)
+    try:
+        loaded_in(engine, serve, SD)
+        inputs = Inputs(body={"text": "a red fox", "steps": 150}, public_dir=engine.public_dir)
+        started = time.monotonic()
+        with pytest.raises(InferenceFailed) as err:
+            if watched:
+                with watching(Watch(lambda event: None)):
+                    engine.infer(engine.registry.get(SD), inputs)
+            else:
+                engine.infer(engine.registry.get(SD), inputs)
+        assert str(err.value) == "its replica gave no answer within 0.3 s (task_timeout)"
+        assert time.monotonic() - started < 5
+    finally:
+        serve.close()
+
+
+def test_an_unbatched_answer_says_a_batch_of_one(models_dir, tmp_path):
+    from hugginggpt.modelhost.batching import batch_size_var
+
+    engine, _, serve, _ = engine_of(models_dir, tmp_path)
+    try:
+        batch_size_var.set(7)
+        engine.infer(engine.registry.get(CLF), Inputs(body={"text": "good dog"}, public_dir=engine.public_dir))
+        assert batch_size_var.get() == 1
+        for _ in range(2):  # a second file into the same folder of public/
+            out = engine.infer(engine.registry.get(SD), Inputs(body={"text": "a fox", "steps": 1},
+                                                                 public_dir=engine.public_dir))
+            assert (engine.public_dir / out["path"].removeprefix("/")).is_file()
+    finally:
+        serve.close()

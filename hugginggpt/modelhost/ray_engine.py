@@ -44,8 +44,8 @@ APP_NAME = "hugginggpt-models"
 T = TypeVar("T")
 
 
-def replica_class(models_per_replica: int, max_batch_size: int = 1, batch_wait_s: float = 0.005,
-                  compute_threads: int | None = None, serve: Any = None):
+def replica_class(models_per_replica: int, max_batch_size: int, batch_wait_s: float, compute_threads: int | None,
+                  serve: Any = None):
     """The deployment class; built lazily so that importing this module never imports Ray. A shell that gives a
     `Replica` Serve's model multiplexing (`get_model`) and gathering (`batched`): what a replica does is there.
 
@@ -156,7 +156,7 @@ class Replica:
                 continue
             async with self.locks.setdefault(model_id, asyncio.Lock()):
                 done = await finished(self.compute.submit(self.run_batch, loaded, [requests[k][1] for k in ks]))
-            for k, answer in zip(ks, done, strict=True):
+            for k, answer in zip(ks, done, strict=True):  # pragma: no mutate: run_batch answers each body
                 answers[k] = answer
         return answers
 
@@ -164,29 +164,30 @@ class Replica:
         from ..errors import ResourceError
 
         batchable = BATCHABLE[loaded.spec.task]
-        answers: list[dict[str, Any] | None] = [None] * len(bodies)
+        answers: dict[int, dict[str, Any]] = {}
         ready: list[tuple[int, Any]] = []
         for k, body in enumerate(bodies):  # each request's input read alone: a bad one fails alone
             try:
-                ready.append((k, batchable.prepare(Inputs(body=body, public_dir=Path(tempfile.gettempdir()),
-                                                          max_pixels=self.max_pixels))))
+                ready.append((k, batchable.prepare(Inputs(body=body, max_pixels=self.max_pixels,
+                                                          # the front sends files as data URIs: no path read here
+                                                          public_dir=Path(tempfile.gettempdir())))))  # pragma: no mutate
             except (BadRequest, ResourceError) as exc:
                 answers[k] = {"error": {"kind": "bad_request", "message": str(exc)}}
         results = each_or_batch(lambda items: batchable.run(loaded, items), [item for _, item in ready])
-        for (k, _), result in zip(ready, results, strict=True):
+        for (k, _), result in zip(ready, results, strict=True):  # pragma: no mutate: each_or_batch answers each item
             if isinstance(result, Exception):
                 log.error("inference with %s failed: %s", loaded.spec.id, result)
                 answers[k] = {"error": {"kind": "failed",
                                         "message": f"{result.__class__.__name__}: {str(result)[:300]}"}}
             else:
                 answers[k] = {"result": result, "files": {}, "batch": len(bodies)}
-        return [a or {"error": {"kind": "failed", "message": "no answer"}} for a in answers]
+        return [answers[k] for k in range(len(bodies))]  # each request answered: its input refused, or its result
 
     def run(self, loaded: Any, body: dict[str, Any]) -> dict[str, Any]:
         from ..errors import ResourceError
         from .handlers import handle
 
-        with tempfile.TemporaryDirectory(prefix="replica-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="replica-") as tmp:  # pragma: no mutate: a name for whoever lists /tmp
             inputs = Inputs(body=body, public_dir=Path(tmp), max_pixels=self.max_pixels)
             try:
                 result = handle(loaded.spec.task, loaded, inputs)
@@ -243,7 +244,7 @@ def output_paths(result: Any) -> list[str]:
     if not isinstance(result, dict):
         return []
     paths = [result["path"]] if isinstance(result.get("path"), str) else []
-    paths += [p for p in result.get("paths", []) if isinstance(p, str)] if isinstance(result.get("paths"), list) else []
+    paths += [p for p in result["paths"] if isinstance(p, str)] if isinstance(result.get("paths"), list) else []
     return paths
 
 
@@ -355,10 +356,10 @@ class RayEngine:
             if error["kind"] == "unavailable":
                 raise ModelUnavailable(error["message"])
             raise InferenceFailed(error["message"])
-        for path, data in out.get("files", {}).items():
+        for path, data in out["files"].items():  # every answer with a result says its files
             if not OUTPUT_PATH.match(path):
                 raise InferenceFailed(f"a replica named an output outside images/audios/videos: {path[:100]!r}")
-            target = self.public_dir / path.lstrip("/")
+            target = self.public_dir / path.removeprefix("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         return out["result"]

@@ -171,22 +171,35 @@ class Response:
 
 
 class ResponseGenerator:
+    """A stream: each item is the next of the method's async generator. `cancel()`, as Serve's, ends the request: a
+    step in progress is cancelled (the generator's `finally` runs) and the waiting iteration raises."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop, ctx: contextvars.Context, agen: Any) -> None:
         self.loop, self.ctx, self.agen = loop, ctx, agen
         self.cancelled = False
+        self.step: Any = None  # the running __anext__, a concurrent future
 
     def __iter__(self) -> ResponseGenerator:
         return self
 
     def __next__(self) -> Any:
+        import concurrent.futures
+
         if self.cancelled:
             raise RuntimeError("the request was cancelled")
+        self.step = asyncio.run_coroutine_threadsafe(_task(self.ctx, self.agen.__anext__()), self.loop)
         try:
-            return asyncio.run_coroutine_threadsafe(_task(self.ctx, self.agen.__anext__()), self.loop).result(60)
+            return self.step.result()
         except StopAsyncIteration:
             raise StopIteration from None
+        except concurrent.futures.CancelledError:
+            raise RuntimeError("the request was cancelled") from None
 
     def cancel(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.step is not None and not self.step.done():
+            self.step.cancel()  # the generator's step ends with CancelledError, its `finally` run
+        else:
             asyncio.run_coroutine_threadsafe(self.agen.aclose(), self.loop).result(60)
