@@ -330,7 +330,7 @@ class LLMClient:
                 if deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise DeadlineExceeded(f"{self.describe} was still writing when the request's deadline "
                                            "passed") from None
-                raise LLMError(f"{self.describe} stopped writing for {timeout:.0f}s") from None
+                raise LLMError(f"{self.describe} stopped writing for {timeout:g}s") from None
             except httpx2.TransportError as exc:
                 raise LLMError(f"{self.describe} broke off its answer ({exc.__class__.__name__})") from None
 
@@ -395,7 +395,7 @@ class LLMClient:
                 if deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise DeadlineExceeded(f"{self.describe} did not answer before the request's deadline") from None
                 if tries >= self.settings.max_retries:
-                    raise LLMError(f"{self.describe} timed out after {timeout:.0f}s") from None
+                    raise LLMError(f"{self.describe} timed out after {timeout:g}s") from None
                 wait = _backoff(tries)
             except openai.APIConnectionError as exc:
                 # No connection at all (refused, no such host): retrying would only make the person wait.

@@ -172,6 +172,45 @@ def test_messages_render_for_a_completion_model_exactly(llm):
     assert llm.requests[-1]["body"]["max_tokens"] == 50
 
 
+def test_a_completion_model_streams_its_pieces_and_reports_its_usage(llm):
+    client = client_of(llm, use_completion=True)
+    pieces: list[str] = []
+    usage: list[dict] = []
+    assert client.chat(HI, on_token=pieces.append) == "CHITCHAT: hi"
+    assert pieces == ["CHITCHAT: ", "hi"]  # the server's pieces, as they came
+    streamed = llm.requests[-1]
+    assert streamed["body"]["stream"] is True and streamed["path"].startswith("/v1/completions")
+    assert client.chat(HI, on_usage=usage.append) == "CHITCHAT: hi"
+    assert usage == [{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}]
+    assert "stream" not in llm.requests[-1]["body"]
+
+
+def test_a_completion_call_is_bounded_by_its_deadline_and_its_timeout(llm):
+    client = client_of(llm, use_completion=True, timeout=30.0)
+    llm.on("chitchat", "late", delay=1.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            client.chat(HI, deadline=time.monotonic() + 0.4)
+        assert time.monotonic() - started < 1.2
+        slow = client_of(llm, use_completion=True, timeout=0.4, max_retries=0)
+        started = time.monotonic()
+        with pytest.raises(LLMError, match=r"^the configured LLM \(local, model scripted\) timed out after 0.4s$"):
+            slow.chat(HI)
+        assert time.monotonic() - started < 1.2
+    finally:
+        llm.reset()
+
+
+def test_an_azure_backend_is_called_at_its_deployment_with_its_version_and_key(llm):
+    client = LLMClient(LLMSettings(api_type="azure", api_key="az-key-7", endpoint=llm.base_url, model="gpt",
+                                   azure_deployment="planner-dep", azure_api_version="2025-01-01-preview"))
+    assert client.chat(HI) == "CHITCHAT: hi"
+    call = llm.requests[-1]
+    assert call["path"] == "/openai/deployments/planner-dep/chat/completions?api-version=2025-01-01-preview"
+    assert call["headers"].get("Api-Key") == "az-key-7" and "Authorization" not in call["headers"]
+
+
 def test_a_request_endpoint_is_checked_with_a_one_line_reason():
     refusals = {
         123: "api_endpoint must be a string URL",
@@ -500,7 +539,7 @@ def test_an_attempt_that_times_out_is_not_retried_past_max_retries(llm):
     started = time.monotonic()
     with pytest.raises(LLMError) as caught:
         client_of(llm, max_retries=0, timeout=0.6).chat(HI)
-    assert str(caught.value) == "the configured LLM (local, model scripted) timed out after 1s"
+    assert str(caught.value) == "the configured LLM (local, model scripted) timed out after 0.6s"  # not rounded to 1s
     assert time.monotonic() - started < 0.95  # one attempt of 0.6 s, no second one
     assert len(llm.requests) == 1
 

@@ -99,7 +99,7 @@ class ScriptedLLM:
             self.stream_delay = 0.0
             self.dribble = 0.0
 
-    def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, float]:
+    def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None, path: str = "") -> tuple[str, float]:
         messages = body.get("messages")
         if messages is None:  # completion API: recover the stage from the rendered prompt
             prompt = body.get("prompt", "")
@@ -109,7 +109,7 @@ class ScriptedLLM:
         text = "\n".join(m["content"] for m in messages)
         with self.lock:
             self.requests.append({"stage": stage, "body": body, "time": time.perf_counter(),
-                                  "headers": headers or {}})
+                                  "headers": headers or {}, "path": path})
             for rule in self.rules:
                 if rule.stage == stage and (rule.contains is None or rule.contains in text):
                     if rule.times is not None:
@@ -172,7 +172,7 @@ class ScriptedLLM:
                 self.requests.append({"stage": "raw", "body": body, "time": time.perf_counter(),
                                       "headers": dict(request.headers)})
                 return Response(self.raw_reply, mimetype="text/html")
-            reply, delay = self._answer(body, dict(request.headers))
+            reply, delay = self._answer(body, dict(request.headers), request.full_path)
             if delay:
                 time.sleep(delay)
             if self.stream_delay and not body.get("stream"):  # the same writing speed, just not shown
@@ -207,9 +207,20 @@ class ScriptedLLM:
             failed = failure()
             if failed is not None:
                 return failed
-            reply, _ = self._answer(body)
+            reply, delay = self._answer(body, dict(request.headers), request.full_path)
+            if delay:
+                time.sleep(delay)
+            if body.get("stream"):  # the legacy completions API's stream: text pieces, then [DONE]
+                def gen():
+                    for piece in re.findall(r"\S+\s*", reply) or [""]:
+                        chunk = {"id": "c2", "object": "text_completion", "created": 0, "model": body["model"],
+                                 "choices": [{"index": 0, "text": piece, "finish_reason": None, "logprobs": None}]}
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    yield "data: [DONE]\n\n"
+                return Response(gen(), mimetype="text/event-stream")
             return jsonify({"id": "c2", "object": "text_completion", "created": 0, "model": body["model"],
-                            "choices": [{"index": 0, "text": reply, "finish_reason": "stop", "logprobs": None}]})
+                            "choices": [{"index": 0, "text": reply, "finish_reason": "stop", "logprobs": None}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
 
         @app.get("/v1/models")
         def models() -> Response:
