@@ -456,12 +456,14 @@ def test_a_page_that_is_not_a_completion_is_named_as_such(llm):
                                  "server?)")
 
 
-def test_structured_output_falls_back_form_by_form_or_fails_with_its_status(llm):
-    schema = {"type": "object"}
+def test_structured_output_falls_back_form_by_form_or_fails_with_its_status(llm, caplog):
+    schema = {"type": "object", "required": ["tasks"]}
     llm.rejects_schema = {"json_schema"}
     client = client_of(llm)
     assert client.chat(HI, json_schema=schema) == "CHITCHAT: hi"
-    assert [r["body"]["response_format"]["type"] for r in llm.requests] == ["json_schema", "json_object"]
+    assert [r["body"]["response_format"] for r in llm.requests] == [
+        {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema, "strict": True}},
+        {"type": "json_object", "schema": schema}]
     assert client.schema_format == 1
     llm.reset()
     llm.rejects_schema = True
@@ -471,8 +473,19 @@ def test_structured_output_falls_back_form_by_form_or_fails_with_its_status(llm)
                                  "(response_format json_schema or json_object with a schema, HTTP 400); "
                                  "set structured_output: auto or off")
     free = client_of(llm)
-    assert free.chat(HI, json_schema=schema) == "CHITCHAT: hi" and free.schema_format == 2
+    with caplog.at_level(logging.INFO, logger="hugginggpt.llm"):
+        assert free.chat(HI, json_schema=schema) == "CHITCHAT: hi" and free.schema_format == 2
+    assert [r.getMessage() for r in caplog.records if r.name == "hugginggpt.llm"] == [
+        "the configured LLM (local, model scripted) rejects structured output; planning in free text from now on"]
     assert "response_format" not in llm.requests[-1]["body"]
+    asked = len(llm.requests)
+    assert free.chat(HI, json_schema=schema) == "CHITCHAT: hi"
+    assert len(llm.requests) == asked + 1  # a rejected form is never asked again
+    with pytest.raises(LLMError) as caught:  # nothing asked, so no status to tell
+        free.chat(HI, json_schema=schema, structured="on")
+    assert str(caught.value) == ("the configured LLM (local, model scripted) does not accept structured output "
+                                 "(response_format json_schema or json_object with a schema); "
+                                 "set structured_output: auto or off")
     llm.reset()
     llm.fail(400)  # a 400 without response_format asked is the LLM's error, not a rejected schema
     with pytest.raises(LLMError, match="answered HTTP 400: scripted failure 400$"):
