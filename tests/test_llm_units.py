@@ -689,3 +689,36 @@ def test_structured_output_off_asks_in_free_text(llm):
     client = client_of(llm)
     assert client.chat(HI, json_schema={"type": "object"}, structured="off") == "CHITCHAT: hi"
     assert "response_format" not in llm.requests[-1]["body"] and client.schema_format == 0
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    ({"message": "the model ran out of memory", "type": "server_error"}, "the model ran out of memory"),
+    ({"message": "", "code": 500}, "An error occurred during streaming"),
+    ("overloaded", "An error occurred during streaming"),
+])
+def test_an_error_event_in_a_stream_fails_the_call_with_its_message(llm, error, said):
+    llm.stream_error = error
+    pieces: list[str] = []
+    try:
+        with pytest.raises(LLMError) as caught:
+            client_of(llm, max_retries=0).chat(HI, on_token=pieces.append)
+    finally:
+        llm.reset()
+    assert pieces == ["CHITCHAT: "]  # what came before the error was shown as it came
+    assert said in str(caught.value)
+
+
+def test_a_stream_that_stalls_is_cut_off_by_its_timeout_or_its_deadline(llm):
+    llm.stall = 1.5  # the first piece at once, the second after a pause that outlasts both limits
+    try:
+        started = time.monotonic()
+        with pytest.raises(LLMError) as caught:
+            client_of(llm, max_retries=0, timeout=0.4).chat(HI, on_token=lambda piece: None)
+        assert str(caught.value) == "the configured LLM (local, model scripted) timed out after 0.4s"
+        with pytest.raises(DeadlineExceeded) as late:
+            client_of(llm, max_retries=0).chat(HI, on_token=lambda piece: None, deadline=time.monotonic() + 0.5)
+        assert str(late.value) == ("the configured LLM (local, model scripted) did not answer before the request's "
+                                   "deadline")
+        assert time.monotonic() - started < 2.5
+    finally:
+        llm.reset()

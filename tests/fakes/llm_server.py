@@ -72,6 +72,9 @@ class ScriptedLLM:
     # a stream written whole, with its length, when no pause is asked for: waitress closes every chunked
     # response's connection, where OpenAI, vLLM and llama.cpp keep it (benchmarks set this, tests need not)
     keep_streams_alive: bool = False
+    # not None: a stream's second event is `{"error": stream_error}`, as vLLM and OpenAI end a stream that fails
+    stream_error: Any = None
+    stall: float = 0.0  # > 0: a stream pauses this long after its first piece (a backend that stops writing)
     lock: threading.Lock = field(default_factory=threading.Lock)
     base_url: str = ""
 
@@ -98,6 +101,8 @@ class ScriptedLLM:
             self.rejects_schema = False
             self.stream_delay = 0.0
             self.dribble = 0.0
+            self.stream_error = None
+            self.stall = 0.0
 
     def _answer(self, body: dict[str, Any], headers: dict[str, str] | None = None, path: str = "") -> tuple[str, float]:
         messages = body.get("messages")
@@ -181,9 +186,16 @@ class ScriptedLLM:
                 record = self.requests[-1]
                 pause = self.stream_delay
 
+                failing, stall = self.stream_error, self.stall
+
                 def gen():
                     pieces = re.findall(r"\S+\s*", reply) or [""]
-                    for p in pieces:
+                    for n, p in enumerate(pieces):
+                        if failing is not None and n == 1:
+                            yield f"data: {json.dumps({'error': failing})}\n\n"
+                            return
+                        if stall and n == 1:
+                            time.sleep(stall)
                         if pause:
                             time.sleep(pause)
                         chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
