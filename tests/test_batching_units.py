@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -190,11 +191,56 @@ def test_each_or_batch_keeps_results_that_are_exceptions():
     assert isinstance(one[0], ZeroDivisionError)
 
 
+def test_a_failed_batch_is_run_again_item_by_item_and_says_why_in_the_log(caplog):
+    calls: list[list[int]] = []
+
+    def model(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if len(items) > 1:
+            raise ValueError("out of memory " + "x" * 300)
+        if items == [2]:
+            raise KeyError("two")
+        return [10 * items[0]]
+
+    with caplog.at_level(logging.INFO, logger="hugginggpt.modelhost.batching"):
+        results = each_or_batch(model, [1, 2, 3])
+    assert results[0] == 10 and isinstance(results[1], KeyError) and results[2] == 30
+    assert calls == [[1, 2, 3], [1], [2], [3]]
+    assert caplog.messages == ["a batch of 3 failed (ValueError: " + ("out of memory " + "x" * 300)[:200]
+                               + "); running its items one at a time"]
+
+
+def test_a_batch_that_answers_the_wrong_number_of_results_is_run_item_by_item(caplog):
+    calls: list[list[int]] = []
+
+    def short(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        return items[:1]  # a model that drops results: each must still get its own
+
+    with caplog.at_level(logging.INFO, logger="hugginggpt.modelhost.batching"):
+        assert each_or_batch(short, [4, 5]) == [4, 5]
+    assert calls == [[4, 5], [4], [5]]
+    assert caplog.messages == ["a batch of 2 failed (RuntimeError: a batch of 2 gave 1 results); running its items "
+                               "one at a time"]
+
+
+def test_a_lone_item_that_fails_is_not_run_twice(caplog):
+    calls: list[list[int]] = []
+
+    def model(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        raise ValueError("bad input")
+
+    with caplog.at_level(logging.INFO, logger="hugginggpt.modelhost.batching"):
+        [result] = each_or_batch(model, [7])
+    assert isinstance(result, ValueError) and calls == [[7]] and caplog.messages == []
+
+
 def test_batcher_refuses_nonsense_settings():
-    with pytest.raises(ValueError):
-        Batcher(max_size=0, wait_s=0.01)
-    with pytest.raises(ValueError):
-        Batcher(max_size=4, wait_s=-1)
+    for max_size, wait_s in ((0, 0.01), (4, -1)):
+        with pytest.raises(ValueError) as refused:
+            Batcher(max_size=max_size, wait_s=wait_s)
+        assert str(refused.value) == "max_size must be at least 1 and wait_s at least 0"
     # the edges are allowed: batch_wait_ms 0 (never wait for company) and a batch of one (no batching)
     assert submit_all(Batcher(max_size=4, wait_s=0), [1, 2], lambda items: items)[0][0] is True
     assert Batcher(max_size=1, wait_s=0).submit("m", 5, lambda items: items) == (5, 1)
