@@ -337,6 +337,25 @@ def test_a_partly_filled_batch_waits_at_most_wait_s_for_company():
     assert 0.04 <= waited < 1.0, waited  # its 50 ms, not nothing and not 50 s
 
 
+def test_idle_models_are_forgotten_once_the_remembered_keys_are_full(monkeypatch):
+    """MAX_KEYS keys are remembered (each for its last batch's size); a new key past them forgets the idle ones,
+    and a key is idle once every caller of it has its answer, however many came at once."""
+    import hugginggpt.modelhost.batching as batching
+
+    monkeypatch.setattr(batching, "MAX_KEYS", 2)
+    batcher = Batcher(max_size=4, wait_s=0)
+
+    def slow(items):
+        time.sleep(0.2)  # both callers of "a" are inside submit at once
+        return items
+
+    assert [value for _, value, _ in submit_all(batcher, [1, 2], slow, key="a")] == [1, 2]
+    assert batcher.submit("b", 3, lambda items: items) == (3, 1)
+    assert sorted(batcher._keys) == ["a", "b"]  # two keys: none forgotten yet
+    assert batcher.submit("c", 4, lambda items: items) == (4, 1)
+    assert sorted(batcher._keys) == ["c"]  # the third: "a" and "b" were idle, and forgotten
+
+
 def test_past_the_remembered_keys_a_running_model_is_never_forgotten(monkeypatch):
     """Idle keys are forgotten past MAX_KEYS; a key whose batch is running is not, so a new caller of that model
     waits for it instead of starting a second batch of the same model at once."""
