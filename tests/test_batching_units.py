@@ -337,6 +337,41 @@ def test_a_partly_filled_batch_waits_at_most_wait_s_for_company():
     assert 0.04 <= waited < 1.0, waited  # its 50 ms, not nothing and not 50 s
 
 
+def test_callers_behind_a_running_batch_hear_why_they_wait():
+    """While a batch of the model runs, the next caller leads the next batch and hears that it waits behind one;
+    a caller that joins that batch hears it is in a batch with other requests."""
+    from hugginggpt.modelhost.progress import Watch, watching
+
+    batcher = Batcher(max_size=4, wait_s=0)
+    entered, release = threading.Event(), threading.Event()
+
+    def run(items):
+        entered.set()
+        release.wait(10)
+        return items
+
+    heard: dict[str, list[dict]] = {"leader": [], "joined": []}
+
+    def watched(name: str, item: int) -> None:
+        with watching(Watch(heard[name].append)):
+            batcher.submit("m", item, run)
+
+    threads = [threading.Thread(target=batcher.submit, args=("m", 1, run))]
+    threads[0].start()
+    assert entered.wait(10)
+    threads.append(threading.Thread(target=watched, args=("leader", 2)))
+    threads[-1].start()
+    until_gathered(batcher, "m", 1)
+    threads.append(threading.Thread(target=watched, args=("joined", 3)))
+    threads[-1].start()
+    until_gathered(batcher, "m", 2)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert heard["leader"][0] == {"phase": "queued", "waiting": "behind a batch of this model"}
+    assert heard["joined"][0] == {"phase": "queued", "waiting": "in a batch with other requests for this model"}
+
+
 def test_idle_models_are_forgotten_once_the_remembered_keys_are_full(monkeypatch):
     """MAX_KEYS keys are remembered (each for its last batch's size); a new key past them forgets the idle ones,
     and a key is idle once every caller of it has its answer, however many came at once."""
