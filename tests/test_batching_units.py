@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from pathlib import Path
@@ -370,6 +371,56 @@ def test_callers_behind_a_running_batch_hear_why_they_wait():
         thread.join(10)
     assert heard["leader"][0] == {"phase": "queued", "waiting": "behind a batch of this model"}
     assert heard["joined"][0] == {"phase": "queued", "waiting": "in a batch with other requests for this model"}
+
+
+def test_a_batch_with_too_few_results_fails_each_of_its_callers_saying_so():
+    out = submit_all(Batcher(max_size=2, wait_s=1.0), [1, 2], lambda items: items[1:])  # one result short
+    assert [ok for ok, _, _ in out] == [False, False]
+    for _, exc, _ in out:
+        given = re.fullmatch(r"a batch of (\d) gave (\d) results", str(exc))
+        assert given and int(given[2]) == int(given[1]) - 1, exc
+
+
+def test_a_batch_interrupted_by_a_base_exception_frees_every_caller():
+    """A KeyboardInterrupt-like exception ends the leading caller; the callers in its batch are told, never left
+    waiting."""
+
+    class Stop(BaseException):
+        pass
+
+    batcher = Batcher(max_size=4, wait_s=0)
+    entered, release = threading.Event(), threading.Event()
+    got: dict[str, BaseException | object] = {}
+
+    def first_run(items):
+        entered.set()
+        release.wait(10)
+        return items
+
+    def interrupted(items):
+        raise Stop()
+
+    def call(name: str, item: int, run) -> None:
+        try:
+            got[name] = batcher.submit("m", item, run)
+        except BaseException as exc:  # noqa: BLE001 - what each caller got
+            got[name] = exc
+
+    threads = [threading.Thread(target=call, args=("first", 1, first_run))]
+    threads[0].start()
+    assert entered.wait(10)
+    threads.append(threading.Thread(target=call, args=("leader", 2, interrupted)))
+    threads[-1].start()
+    until_gathered(batcher, "m", 1)
+    threads.append(threading.Thread(target=call, args=("joined", 3, interrupted)))
+    threads[-1].start()
+    until_gathered(batcher, "m", 2)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert got["first"] == (1, 1)
+    assert isinstance(got["leader"], Stop)
+    assert isinstance(got["joined"], RuntimeError) and str(got["joined"]) == "the batch was interrupted"
 
 
 def test_idle_models_are_forgotten_once_the_remembered_keys_are_full(monkeypatch):
