@@ -951,7 +951,7 @@ def test_remote_cancel_closes_the_stream_so_the_server_stops(stand_in_server):
     assert next(events) == {"tasks": [], "event": "plan"}
     started = time.monotonic()
     run.cancel()
-    assert list(events) == [{"event": "cancelled"}] and time.monotonic() - started < 1
+    assert list(events) == [{"event": "cancelled"}] and time.monotonic() - started < 3
     assert stand_in_server.stream_ended.wait(3), "the server's stream went on after the cancel"
 
 
@@ -1365,7 +1365,7 @@ def test_a_visitor_who_leaves_before_the_first_event_stops_their_request(tmp_pat
     left.close()  # the tab closed while the LLM plans
     orchestrator.engine.hold.set()
     try:
-        wait_until(lambda: orchestrator.engine.states and orchestrator.engine.states[0].cancelled, timeout=2,
+        wait_until(lambda: orchestrator.engine.states and orchestrator.engine.states[0].cancelled, timeout=5,
                    what="the request cancelled")
     finally:
         fns(demo)["cancel"].fn(gr.Request(session_hash="gone"))
