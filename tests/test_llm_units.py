@@ -192,12 +192,12 @@ def test_a_completion_call_is_bounded_by_its_deadline_and_its_timeout(llm):
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
             client.chat(HI, deadline=time.monotonic() + 0.4)
-        assert time.monotonic() - started < 1.2
+        assert time.monotonic() - started < 1.4  # cut off, not the 1.5 s answer
         slow = client_of(llm, use_completion=True, timeout=0.4, max_retries=0)
         started = time.monotonic()
         with pytest.raises(LLMError, match=r"^the configured LLM \(local, model scripted\) timed out after 0.4s$"):
             slow.chat(HI)
-        assert time.monotonic() - started < 1.2
+        assert time.monotonic() - started < 1.4  # cut off, not the 1.5 s answer
     finally:
         llm.reset()
 
