@@ -29,7 +29,7 @@ from hugginggpt.modelhost.progress import Watch, watching
 from hugginggpt.modelhost.ray_engine import Replica
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests import tiny_models
-from tests.conftest import make_public
+from tests.conftest import make_public, wait_until
 
 CLF = "tiny/clf"
 CLF2 = "tiny/clf-three"
@@ -636,6 +636,10 @@ def test_a_call_past_the_engine_s_timeout_fails_with_task_timeout_in_its_message
                 engine.infer(engine.registry.get(SD), inputs)
         assert str(err.value) == "its replica gave no answer within 0.3 s (task_timeout)"
         assert time.monotonic() - started < 5
+        # the run the front gave up on keeps its model until it ends (stopped at its next step when watched): the
+        # model is free again afterwards, and no diffusion runs on when the test process exits
+        locks = serve_replica(engine).work.locks
+        wait_until(lambda: not locks[SD].locked(), 120, "the model given back after the late run")
     finally:
         serve.close()
 
