@@ -356,7 +356,7 @@ def test_a_hub_dry_run_says_what_would_be_fetched(tmp_path, monkeypatch, capsys,
     assert not (models / "o").exists()
 
 
-@pytest.mark.parametrize("cap, expected", [("5", 5.0), ("0.5", 0.5), ("0", None), ("-1", None), ("'big'", None)])
+@pytest.mark.parametrize("cap, expected", [("5", 5.0), ("0.5", 0.5), ("0", None), ("-1", None)])
 def test_the_configs_author_lists_token_and_size_cap_apply_to_hub_models(tmp_path, monkeypatch, capsys, discovery,
                                                                           cap, expected):
     monkeypatch.setenv("HF_ENDPOINT", "")
@@ -369,6 +369,14 @@ def test_the_configs_author_lists_token_and_size_cap_apply_to_hub_models(tmp_pat
     assert built.policy.allow == ("good",) and built.policy.deny == ("evil",)
     assert built.policy.max_size_mb == expected and isinstance(built.policy.max_size_mb, (float, type(None)))
     assert built.token == "hf_secret" and built.endpoint is None and built.models_dir == tmp_path / "m"
+
+
+def test_a_size_cap_that_is_not_a_number_is_a_config_error_before_anything_is_fetched(tmp_path, capsys, discovery):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"root: {tmp_path}\nlocal_models_dir: m\nmodel_constraints: {{max_size_mb: big}}\n")
+    assert main(["--config", str(config), "--hub", "o/ner", "--dry-run"]) == 2
+    assert capsys.readouterr().err == f"config error: {config}: `model_constraints.max_size_mb` must be a number\n"
+    assert discovery.built == []
 
 
 def test_a_config_with_no_llm_key_is_enough(tmp_path, monkeypatch, capsys, hub):

@@ -1530,9 +1530,30 @@ def test_the_launcher_runs_the_engine_in_process_on_a_config_with_an_llm(tmp_pat
             launch.orchestrator_for(launch.parse_args(["--config", str(tmp_path / "missing.yaml")]), stack)
 
 
+@pytest.fixture(autouse=True)
+def root_logging():
+    """The root logger as pytest left it, put back after each test: `launch.main` sets up logging (its handler writes
+    to the stderr of that moment, which pytest closes after the test: a later test's log line would then fail)."""
+    import logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    noisy = {name: logging.getLogger(name).level for name in ("httpx", "openai", "urllib3", "waitress.queue")}
+    yield
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+    for name, level in noisy.items():
+        logging.getLogger(name).setLevel(level)
+
+
 def test_main_says_in_one_line_why_it_cannot_start(monkeypatch, capsys, stand_in_server):
-    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+                 "TOKENIZERS_PARALLELISM"):  # main sets them for its process: put back for the tests after this one
         monkeypatch.delenv(name, raising=False)
+    import warnings
+
+    filters = warnings.filters[:]
+    monkeypatch.setattr(warnings, "filters", filters)  # main's filterwarnings("ignore") stays in this test
     url = dead_url()
     assert launch.main(["--server", url, "--verbose"]) == 2
     assert capsys.readouterr().err == f"error: cannot reach the orchestrator at {url} (ConnectionError)\n"

@@ -537,9 +537,12 @@ def test_an_image_past_the_replica_s_pixel_limit_is_refused_alone_and_in_a_batch
                          "message": "`img_url` is 50x50 pixels; at most 2,000 pixels are accepted"}}
     assert replica.run(loaded[IMG], big) == refused
     assert replica.run(loaded[IMG], small) == {"result": alone(loaded[IMG], small), "files": {}}
-    answers = replica.run_batch(loaded[IMG], [big, small])
+    answers = replica.run_batch(loaded[IMG], [big, small, {"img_url": "/examples/red.png"}])
     assert answers[0] == refused
-    assert close(answers[1], {"result": alone(loaded[IMG], small), "files": {}, "batch": 2})
+    assert close(answers[1], {"result": alone(loaded[IMG], small), "files": {}, "batch": 3})
+    # a path (the front sends data URIs) names no file a replica serves: that request alone is refused
+    assert answers[2] == {"error": {"kind": "bad_request", "message": "file not found: '/examples/red.png' (paths are "
+                                                                      "relative to public/, e.g. /examples/a.jpg)"}}
 
 
 def test_a_model_s_failure_is_in_the_replica_s_log_with_its_model(models_dir, loaded, caplog):

@@ -168,9 +168,9 @@ class Replica:
         ready: list[tuple[int, Any]] = []
         for k, body in enumerate(bodies):  # each request's input read alone: a bad one fails alone
             try:
-                ready.append((k, batchable.prepare(Inputs(body=body, max_pixels=self.max_pixels,
-                                                          # the front sends files as data URIs: no path read here
-                                                          public_dir=Path(tempfile.gettempdir())))))  # pragma: no mutate
+                # the front sends files as data URIs; a path that reaches a replica names nothing it serves
+                ready.append((k, batchable.prepare(Inputs(body=body, public_dir=Path(tempfile.gettempdir()),
+                                                          max_pixels=self.max_pixels))))
             except (BadRequest, ResourceError) as exc:
                 answers[k] = {"error": {"kind": "bad_request", "message": str(exc)}}
         results = each_or_batch(lambda items: batchable.run(loaded, items), [item for _, item in ready])
