@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import logging
 import os
 import random
 import socket
@@ -69,6 +70,21 @@ DEFAULT_MODELS = {
     "openai/whisper-base": "automatic-speech-recognition",
     "dslim/bert-base-NER": "token-classification",
 }
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    """The root logger as pytest left it, put back after the test: `setup_logging` (and `launch.main`, which calls
+    it) replaces its handlers with one writing to the stderr of that moment, which pytest closes after the test, so
+    a later test's log line would fail; it also quiets the libraries' loggers."""
+    logger = logging.getLogger()
+    saved = (logger.handlers[:], logger.level)
+    noisy = {name: logging.getLogger(name).level for name in ("httpx", "openai", "urllib3", "waitress.queue")}
+    yield logger
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    for name, level in noisy.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def _own_ports() -> range:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import time
@@ -18,7 +17,14 @@ from hugginggpt.modelhost.handlers import BATCHABLE, Inputs, handle
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests.conftest import make_public
-from tests.tiny_models import WORDS, image_captioner, image_classifier, text_classifier, token_classifier
+from tests.tiny_models import (
+    close,
+    image_captioner,
+    image_classifier,
+    text_classifier,
+    token_classifier,
+    words_tokenizer,
+)
 
 
 def submit_all(batcher: Batcher, items: list, run, key="m") -> list:
@@ -250,14 +256,6 @@ def test_batcher_refuses_nonsense_settings():
 # -- each batchable task: a batch gives what the handler gives one input at a time -------------------------------
 
 
-def words_tokenizer(folder: Path) -> None:
-    """A tokenizer that knows tiny_models.WORDS (the one bert_tokenizer saves reads every word as [UNK] under
-    transformers 5), so that different texts give different answers."""
-    from transformers import BertTokenizer
-
-    BertTokenizer(vocab={w: k for k, w in enumerate(WORDS)}, do_lower_case=True).save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     folder = tmp_path_factory.mktemp("batch-models")
@@ -292,17 +290,6 @@ BODIES = {
 }
 
 
-def close(a, b) -> bool:
-    """Equal, with floats to 1e-6 (a padded batch sums in another order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=0, abs_tol=1e-6)
-    return a == b
-
-
 @pytest.mark.parametrize("model_id", list(BODIES))
 def test_a_batch_answers_what_each_request_gets_alone(pool, model_id):
     pool, public = pool
@@ -320,9 +307,9 @@ def test_a_batch_answers_what_each_request_gets_alone(pool, model_id):
                         param.normal_(0, 0.3)
         alone = [handle(spec.task, loaded, i) for i in inputs]
         together = batchable.run(loaded, [batchable.prepare(i) for i in inputs])
-    assert close(together, alone), (together, alone)
+    assert close(together, alone, 1e-6), (together, alone)
     # every input gives its own answer, so an answer given to the wrong caller would not pass as close
-    assert not any(close(a, b) for k, a in enumerate(alone) for b in alone[k + 1:]), alone
+    assert not any(close(a, b, 1e-6) for k, a in enumerate(alone) for b in alone[k + 1:]), alone
     with pytest.raises(BadRequest):
         batchable.prepare(Inputs(body={"txt": "typo"}, public_dir=Path(public)))
 

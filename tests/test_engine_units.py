@@ -33,21 +33,13 @@ from hugginggpt.modelhost.handlers import Inputs
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests.conftest import make_public
-from tests.tiny_models import WORDS, bert_config, bert_tokenizer
+from tests.tiny_models import bert_config, bert_tokenizer, words_tokenizer
 
 MODEL = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"  # NEGATIVE / POSITIVE
 OTHER = "cardiffnlp/twitter-roberta-base-sentiment-latest"  # the catalog's other text classifier
 OTHER_LABELS = ["negative", "neutral", "positive"]
 TEXTS = ["a great movie", "bad", "the cat sits on the mat", "anna lives in berlin", "hello world !",
          "w1 w2 w3 w4 w5", "where is the red fox ?", "good dog"]
-
-
-def words_tokenizer(folder: Path) -> None:
-    """A tokenizer that knows tiny_models.WORDS, so that different texts give different answers (as in
-    tests/test_batching_units.py)."""
-    from transformers import BertTokenizer
-
-    BertTokenizer(vocab={w: k for k, w in enumerate(WORDS)}, do_lower_case=True).save_pretrained(folder)
 
 
 def classifier(folder: Path, labels: list[str], seed: int) -> None:

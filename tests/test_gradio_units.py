@@ -1531,19 +1531,8 @@ def test_the_launcher_runs_the_engine_in_process_on_a_config_with_an_llm(tmp_pat
 
 
 @pytest.fixture(autouse=True)
-def root_logging():
-    """The root logger as pytest left it, put back after each test: `launch.main` sets up logging (its handler writes
-    to the stderr of that moment, which pytest closes after the test: a later test's log line would then fail)."""
-    import logging
-
-    root = logging.getLogger()
-    saved = (root.handlers[:], root.level)
-    noisy = {name: logging.getLogger(name).level for name in ("httpx", "openai", "urllib3", "waitress.queue")}
-    yield
-    root.handlers[:] = saved[0]
-    root.setLevel(saved[1])
-    for name, level in noisy.items():
-        logging.getLogger(name).setLevel(level)
+def _root_logging(root_logger):
+    """Every test here puts the root logger back (conftest's root_logger): `launch.main` sets up logging."""
 
 
 def test_main_says_in_one_line_why_it_cannot_start(monkeypatch, capsys, stand_in_server):

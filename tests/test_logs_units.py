@@ -7,32 +7,17 @@ import logging
 import re
 import sys
 
-import pytest
-
 from hugginggpt.logs import SafeFormatter, escape_controls, setup_logging
 from hugginggpt.requestctx import REQUEST_ID
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) (?P<rest>.*)$")
 
 
-@pytest.fixture
-def root():
-    """The root logger as pytest left it, put back after the test (setup_logging replaces its handlers)."""
-    logger = logging.getLogger()
-    saved = (logger.handlers[:], logger.level)
-    noisy = {name: logging.getLogger(name).level for name in ("httpx", "openai", "urllib3", "waitress.queue")}
-    yield logger
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    for name, level in noisy.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def lines_of(text: str) -> list[str]:
     return [line for line in text.splitlines() if line]
 
 
-def test_the_file_gets_every_info_line_with_its_request_id_and_the_folder_is_made(root, tmp_path, capsys):
+def test_the_file_gets_every_info_line_with_its_request_id_and_the_folder_is_made(root_logger, tmp_path, capsys):
     log_file = tmp_path / "deep" / "er" / "server.log"
     setup_logging(log_file=log_file)
     log = logging.getLogger("hugginggpt.test")
@@ -43,7 +28,7 @@ def test_the_file_gets_every_info_line_with_its_request_id_and_the_folder_is_mad
     finally:
         REQUEST_ID.reset(token)
     log.debug("not at info level")
-    for handler in root.handlers:
+    for handler in root_logger.handlers:
         handler.flush()
     lines = lines_of(log_file.read_text(encoding="utf-8"))
     assert [LINE.match(line)["rest"] for line in lines] == [
@@ -53,46 +38,46 @@ def test_the_file_gets_every_info_line_with_its_request_id_and_the_folder_is_mad
     assert "hugginggpt.test [-]: outside a request" in err and "not at info level" not in err
 
 
-def test_debug_lets_debug_lines_through(root, tmp_path):
+def test_debug_lets_debug_lines_through(root_logger, tmp_path):
     log_file = tmp_path / "server.log"
     setup_logging(debug=True, log_file=log_file)
     logging.getLogger("hugginggpt.test").debug("details")
-    for handler in root.handlers:
+    for handler in root_logger.handlers:
         handler.flush()
     assert "DEBUG hugginggpt.test [-]: details" in log_file.read_text(encoding="utf-8")
-    assert root.level == logging.DEBUG
+    assert root_logger.level == logging.DEBUG
 
 
-def test_quiet_keeps_the_console_to_warnings_and_the_file_complete(root, tmp_path, capsys):
+def test_quiet_keeps_the_console_to_warnings_and_the_file_complete(root_logger, tmp_path, capsys):
     log_file = tmp_path / "server.log"
     setup_logging(quiet=True, log_file=log_file)
     log = logging.getLogger("hugginggpt.test")
     log.info("an info line")
     log.warning("a warning")
-    for handler in root.handlers:
+    for handler in root_logger.handlers:
         handler.flush()
     err = capsys.readouterr().err
     assert "a warning" in err and "an info line" not in err
     assert "an info line" in log_file.read_text(encoding="utf-8")
 
 
-def test_without_a_file_only_the_console_is_written(root, tmp_path):
+def test_without_a_file_only_the_console_is_written(root_logger, tmp_path):
     setup_logging()
-    assert len(root.handlers) == 1 and isinstance(root.handlers[0], logging.StreamHandler)
-    assert root.handlers[0].stream is sys.stderr
+    assert len(root_logger.handlers) == 1 and isinstance(root_logger.handlers[0], logging.StreamHandler)
+    assert root_logger.handlers[0].stream is sys.stderr
 
 
-def test_a_worker_s_tag_follows_the_level_on_every_line(root, tmp_path):
+def test_a_worker_s_tag_follows_the_level_on_every_line(root_logger, tmp_path):
     log_file = tmp_path / "server.log"
     setup_logging(log_file=log_file, tag="w1")
     logging.getLogger("hugginggpt.test").info("from a worker")
-    for handler in root.handlers:
+    for handler in root_logger.handlers:
         handler.flush()
     assert LINE.match(lines_of(log_file.read_text(encoding="utf-8"))[0])["rest"] == \
         "w1 hugginggpt.test [-]: from a worker"
 
 
-def test_chatty_libraries_are_kept_to_warnings(root):
+def test_chatty_libraries_are_kept_to_warnings(root_logger):
     setup_logging(debug=True)
     for name in ("httpx", "httpx2", "httpcore", "httpcore2", "openai", "urllib3", "waitress.queue"):
         assert logging.getLogger(name).level == logging.WARNING, name

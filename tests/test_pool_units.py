@@ -3,13 +3,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -145,21 +140,8 @@ def build_models(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def models_dir(tmp_path_factory):
-    """Built once per version of tests/tiny_models.py and of this file, then reused (the mutation audit runs these
-    tests once per mutant, in a fresh process each time)."""
-    digest = hashlib.sha1(Path(tiny_models.__file__).read_bytes() + inspect.getsource(build_models).encode())
-    folder = Path(tempfile.gettempdir()) / f"hugginggpt-pool-units-{digest.hexdigest()[:12]}"
-    if not (folder / "complete").is_file():
-        staging = tmp_path_factory.mktemp("pool-unit-models")
-        build_models(staging)
-        (staging / "complete").write_text("")
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            os.replace(staging, folder)
-        except OSError:  # another process built it meanwhile
-            pass
-    return folder
+def models_dir():
+    return tiny_models.built_once("pool-units", build_models)
 
 
 def spec(mid: str, task: str, loader: str, **extra) -> ModelSpec:

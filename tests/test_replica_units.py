@@ -7,13 +7,9 @@ real ones run in tests/test_models_engines.py)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
-import inspect
 import json
 import logging
-import os
-import shutil
 import tempfile
 import threading
 import time
@@ -30,6 +26,7 @@ from hugginggpt.modelhost.ray_engine import Replica
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests import tiny_models
 from tests.conftest import make_public, wait_until
+from tests.tiny_models import close
 
 CLF = "tiny/clf"
 CLF2 = "tiny/clf-three"
@@ -45,20 +42,13 @@ LONG = " ".join(["cat"] * 400)  # past the tiny BERT's 128 positions: the model 
 FAILS = "RuntimeError: The size of tensor a (402) must match the size of tensor b (128)"
 
 
-def words_tokenizer(folder: Path) -> None:
-    """A tokenizer that knows tiny_models.WORDS, so that different texts get different answers."""
-    from transformers import BertTokenizer
-
-    BertTokenizer(vocab={w: k for k, w in enumerate(tiny_models.WORDS)}, do_lower_case=True).save_pretrained(folder)
-
-
 def classifier(folder: Path, labels: list[str], seed: int) -> None:
     import torch
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(seed)
     tiny_models.bert_tokenizer(folder)
-    words_tokenizer(folder)
+    tiny_models.words_tokenizer(folder)
     BertForSequenceClassification(tiny_models.bert_config(
         num_labels=len(labels), initializer_range=0.5, id2label=dict(enumerate(labels)),
         label2id={v: k for k, v in enumerate(labels)})).save_pretrained(folder)
@@ -72,22 +62,8 @@ def build_models(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def models_dir(tmp_path_factory) -> Path:
-    """Built once per version of tests/tiny_models.py and of this file's builders (the mutation audit runs these
-    tests once per mutant, in a fresh process each time)."""
-    digest = hashlib.sha1(Path(tiny_models.__file__).read_bytes() + inspect.getsource(build_models).encode()
-                          + inspect.getsource(classifier).encode())
-    folder = Path(tempfile.gettempdir()) / f"hugginggpt-replica-units-{digest.hexdigest()[:12]}"
-    if not (folder / "complete").is_file():
-        staging = tmp_path_factory.mktemp("replica-models")
-        build_models(staging)
-        (staging / "complete").write_text("")
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            os.replace(staging, folder)
-        except OSError:  # another process built it meanwhile
-            pass
-    return folder
+def models_dir() -> Path:
+    return tiny_models.built_once("replica-units", build_models, classifier)
 
 
 class Held:
@@ -132,17 +108,6 @@ def held(loaded: Held):
             raise ModelUnavailable(f"this replica cannot serve {model_id}")
         return await loaded.get(model_id)
     return get_model, asked
-
-
-def close(a, b) -> bool:
-    """Equal, with floats to 1e-5 (a padded batch sums in another order than one input alone)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-5
-    return a == b
 
 
 async def never_batched(request):
@@ -280,12 +245,12 @@ def test_a_batch_answers_each_request_in_its_place_and_a_bad_one_fails_alone(mod
     answers = asyncio.run(replica.gather(requests, get_model))
     assert len(answers) == 6
     # batch: how many requests of its model came in this batch (the bad ones included)
-    assert close(answers[0], {"result": alone(loaded[CLF], {"text": texts[0]}), "files": {}, "batch": 3})
+    assert close(answers[0], {"result": alone(loaded[CLF], {"text": texts[0]}), "files": {}, "batch": 3}, 1e-5)
     assert answers[1] == {"error": {"kind": "unavailable", "message": "this replica cannot serve nobody/x"}}
-    assert close(answers[2], {"result": alone(loaded[CLF2], {"text": texts[1]}), "files": {}, "batch": 2})
+    assert close(answers[2], {"result": alone(loaded[CLF2], {"text": texts[1]}), "files": {}, "batch": 2}, 1e-5)
     assert answers[3] == {"error": {"kind": "bad_request",
                                     "message": "`text` is required and must be a non-empty string"}}
-    assert close(answers[4], {"result": alone(loaded[CLF], {"text": texts[2]}), "files": {}, "batch": 3})
+    assert close(answers[4], {"result": alone(loaded[CLF], {"text": texts[2]}), "files": {}, "batch": 3}, 1e-5)
     assert answers[5]["error"]["kind"] == "failed"
     assert answers[5]["error"]["message"].startswith(FAILS)
     assert asked == [CLF, "nobody/x", CLF2]  # each model asked for once, in the order it first came
@@ -318,9 +283,9 @@ def test_a_batch_whose_batch_run_fails_is_run_one_by_one(models_dir, loaded):
     replica = replica_of(models_dir, 8)
     bodies = [{"text": "good dog"}, {"text": LONG}, {"text": "bad movie"}]
     answers = replica.run_batch(loaded[CLF], bodies)
-    assert close(answers[0], {"result": alone(loaded[CLF], bodies[0]), "files": {}, "batch": 3})
+    assert close(answers[0], {"result": alone(loaded[CLF], bodies[0]), "files": {}, "batch": 3}, 1e-5)
     assert answers[1]["error"]["kind"] == "failed"
-    assert close(answers[2], {"result": alone(loaded[CLF], bodies[2]), "files": {}, "batch": 3})
+    assert close(answers[2], {"result": alone(loaded[CLF], bodies[2]), "files": {}, "batch": 3}, 1e-5)
 
 
 # -- a watched call -----------------------------------------------------------------------------------------------
@@ -481,7 +446,7 @@ def test_a_batching_engine_sends_a_batchable_task_through_serve_s_gathering(mode
     try:
         body = {"text": "a great movie"}
         got = engine.infer(engine.registry.get(CLF2), Inputs(body=body, public_dir=engine.public_dir))
-        assert close(got, alone(loaded_in(engine, serve, CLF2), body))
+        assert close(got, alone(loaded_in(engine, serve, CLF2), body), 1e-5)
         assert batch_size_var.get() == 1  # Serve's batch, of one here: the answer says its size
         replica = serve_replica(engine)
         assert replica.work.max_batch_size == 4 and replica.work.max_pixels == 40_000_000
@@ -539,7 +504,7 @@ def test_an_image_past_the_replica_s_pixel_limit_is_refused_alone_and_in_a_batch
     assert replica.run(loaded[IMG], small) == {"result": alone(loaded[IMG], small), "files": {}}
     answers = replica.run_batch(loaded[IMG], [big, small, {"img_url": "/examples/red.png"}])
     assert answers[0] == refused
-    assert close(answers[1], {"result": alone(loaded[IMG], small), "files": {}, "batch": 3})
+    assert close(answers[1], {"result": alone(loaded[IMG], small), "files": {}, "batch": 3}, 1e-5)
     # a path (the front sends data URIs) names no file a replica serves: that request alone is refused
     assert answers[2] == {"error": {"kind": "bad_request", "message": "file not found: '/examples/red.png' (paths are "
                                                                       "relative to public/, e.g. /examples/a.jpg)"}}

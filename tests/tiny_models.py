@@ -5,7 +5,14 @@ Each builder writes `<models_dir>/<org>/<name>` with `save_pretrained`, like a d
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog", "is", "on", "table", "anna",
@@ -22,6 +29,46 @@ def bert_tokenizer(folder: Path):
     tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
     tok.save_pretrained(folder)
     return tok
+
+
+def words_tokenizer(folder: Path) -> None:
+    """A tokenizer that knows WORDS (the one bert_tokenizer saves reads every word as [UNK] under transformers 5),
+    so that different texts give different answers."""
+    from transformers import BertTokenizer
+
+    BertTokenizer(vocab={w: k for k, w in enumerate(WORDS)}, do_lower_case=True).save_pretrained(folder)
+
+
+def built_once(name: str, build: Callable[[Path], None], *builders: Callable) -> Path:
+    """The models `build` writes, in a temporary folder named after this file and the builders' source, built the
+    first time and reused after (the mutation audit runs a test file once per mutant, each in a fresh process).
+    It is built in a staging folder and renamed into place, so a run stopped halfway leaves nothing half-built."""
+    digest = hashlib.sha1(Path(__file__).read_bytes())
+    for part in (build, *builders):
+        digest.update(inspect.getsource(part).encode())
+    folder = Path(tempfile.gettempdir()) / f"hugginggpt-{name}-{digest.hexdigest()[:12]}"
+    if not (folder / "complete").is_file():
+        staging = Path(tempfile.mkdtemp(prefix=f"hugginggpt-{name}-staging-"))
+        build(staging)
+        (staging / "complete").write_text("")
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(staging, folder)
+        except OSError:  # another process built it meanwhile
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def close(a: object, b: object, tolerance: float) -> bool:
+    """Equal, with floats to `tolerance`, through dicts and lists (a padded batch sums in another order than one
+    input alone, so a model's scores differ in the last digits)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tolerance) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tolerance) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=0, abs_tol=tolerance)
+    return a == b
 
 
 def bert_config(**extra):
