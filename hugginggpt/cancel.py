@@ -54,8 +54,7 @@ class CancelToken:
             except Exception:  # noqa: BLE001 - one failed hook must not keep the others from stopping their work
                 log.exception("a cancel hook failed")
 
-    @contextlib.contextmanager
-    def hooked(self, hook: Callable[[], None]) -> Iterator[None]:
+    def _hooked(self, hook: Callable[[], None]) -> Iterator[None]:
         """`hook` runs if the token is cancelled while the block runs (at once if it is cancelled already)."""
         with self._lock:
             key = None if self.event.is_set() else next(self._keys)
@@ -69,6 +68,8 @@ class CancelToken:
             if key is not None:
                 with self._lock:
                     self._hooks.pop(key, None)
+
+    hooked = contextlib.contextmanager(_hooked)  # wrapped, not decorated: mutmut skips decorated functions
 
     def sleep(self, seconds: float) -> bool:
         """Wait `seconds` unless cancelled first; True when cancelled."""

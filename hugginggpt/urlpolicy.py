@@ -377,8 +377,7 @@ class _Watch:
                 return
         _shutdown(sock)
 
-    @contextmanager
-    def using(self, sock: socket.socket | None) -> Iterator[None]:
+    def _using(self, sock: socket.socket | None) -> Iterator[None]:
         """`sock` is shut down if the request is cancelled while the block runs (only then: a pooled connection
         may serve another request next)."""
         if sock is not None:
@@ -395,6 +394,8 @@ class _Watch:
                 with self._lock:
                     if sock in self._in_use:
                         self._in_use.remove(sock)
+
+    using = contextmanager(_using)  # wrapped, not decorated: mutmut skips decorated functions
 
     def unregister(self, sock: socket.socket | None) -> None:
         """`sock` went back to its pool: another request may use it next."""
@@ -474,8 +475,7 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
-@contextmanager
-def deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
+def _deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
     """Outbound I/O of this thread inside the block ends by `deadline` (the earlier one when scopes nest), or
     when this thread's request is cancelled (`cancel.CURRENT`): its sockets are shut down then."""
     outer = getattr(_scope, "watch", None)
@@ -498,6 +498,9 @@ def deadline_scope(deadline: float | None) -> Iterator[_Watch | None]:
     finally:
         watch.finish()
         _scope.watch = outer
+
+
+deadline_scope = contextmanager(_deadline_scope)  # wrapped, not decorated: mutmut skips decorated functions
 
 
 def current_deadline() -> float | None:

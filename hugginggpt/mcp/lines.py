@@ -172,8 +172,7 @@ def check_line(line: str) -> list[JSONRPCError]:
     return [error(ident, INVALID_REQUEST, f"not a JSON-RPC 2.0 message: {reason[:300]}")]
 
 
-@contextmanager
-def claimed_stdin() -> Iterator[BinaryIO]:
+def _claimed_stdin() -> Iterator[BinaryIO]:
     """The protocol's stdin, read from a private copy of fd 0 while fd 0 points at the null device (so nothing
     else in the process, or a child it starts, reads the client's bytes); fd 0 comes back on exit."""
     try:
@@ -189,6 +188,9 @@ def claimed_stdin() -> Iterator[BinaryIO]:
         yield os.fdopen(private, "rb", closefd=False)
     finally:
         os.dup2(private, 0)
+
+
+claimed_stdin = contextmanager(_claimed_stdin)  # wrapped, not decorated: mutmut skips decorated functions
 
 
 class CheckedLines:
@@ -229,8 +231,7 @@ class CheckedLines:
                 await self.errors.send(reply)
 
 
-@asynccontextmanager
-async def checked_stdio_server(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]]:
+async def _checked_stdio_server(max_line_bytes: int) -> AsyncIterator[tuple[Any, Any]]:
     """(read stream, write stream) for an MCP server session, as the SDK's `stdio_server` gives them, with
     every line checked first (`check_line`)."""
     send_errors, errors = anyio.create_memory_object_stream[JSONRPCError](MAX_REPLIES)
@@ -251,3 +252,6 @@ async def checked_stdio_server(max_line_bytes: int) -> AsyncIterator[tuple[Any, 
                     tg.start_soon(answer, write_stream)
                     yield read_stream, write_stream
                     tg.cancel_scope.cancel()
+
+
+checked_stdio_server = asynccontextmanager(_checked_stdio_server)  # wrapped: mutmut skips decorated functions

@@ -253,8 +253,7 @@ def watched(state: RequestState) -> None:
         work.state_ready(state)
 
 
-@contextlib.contextmanager
-def call_of(ctx: Context | None, calls: Callable[[Any], StreamWork | None] | None) -> Iterator[None]:
+def _call_of(ctx: Context | None, calls: Callable[[Any], StreamWork | None] | None) -> Iterator[None]:
     """The running call's StreamWork (found by `calls` from its HTTP request) for the block, in `CALL`."""
     work = calls(ctx) if calls is not None and ctx is not None else None
     token = CALL.set(work)
@@ -262,6 +261,9 @@ def call_of(ctx: Context | None, calls: Callable[[Any], StreamWork | None] | Non
         yield
     finally:
         CALL.reset(token)
+
+
+call_of = contextlib.contextmanager(_call_of)  # wrapped, not decorated: mutmut skips decorated functions
 
 
 def reporting(ctx: Context | None, call: Callable[[], CallToolResult]) -> CallToolResult:

@@ -266,8 +266,7 @@ class ModelPool:
         return {"models_bytes": used, "budget_bytes": self.budget, **memory_report(self.device),
                 **({"freed_on_eviction_bytes": dict(self.freed)} if self.freed else {})}
 
-    @contextmanager
-    def use(self, spec: ModelSpec) -> Iterator[Loaded]:
+    def _use(self, spec: ModelSpec) -> Iterator[Loaded]:
         lock = self._lock_for(spec.id)
         with progress.waiting_for(lock, f"{spec.id} is running another request"):
             with self._guard:
@@ -282,6 +281,8 @@ class ModelPool:
                 if is_out_of_memory(exc):  # the activations did not fit: say so, give the cache back, keep serving
                     raise self.out_of_memory(spec) from None
                 raise
+
+    use = contextmanager(_use)  # wrapped, not decorated: mutmut skips decorated functions
 
     def out_of_memory(self, spec: ModelSpec) -> NoRoom:
         """The refusal for a request that ran out of device memory; the allocator's cache is given back first."""
