@@ -367,3 +367,20 @@ opened = contextlib.contextmanager(plain)
     progress_row = next(line for line in rows.splitlines() if line.startswith("| modelhost_progress "))
     expected = audit.decorated_lines(audit.settings()[1]["modelhost_progress"])
     assert progress_row.split("|")[9].strip() == str(expected)
+
+
+def test_a_recorded_row_keeps_the_decorated_lines_its_run_left_unmutated(audit, tmp_path, monkeypatch):
+    """A row run on another day keeps its own count of unmutated lines: a context manager wrapped since then (so
+    mutmut now mutates it) was not in that run, and the row must not read as if it had been; a row written before
+    the column existed gets the count of the source as it is now."""
+    table = tmp_path / "TESTING.md"
+    header = audit.HEADER
+    old = "| admission | 19 | 19 | 19 | 0 | 0 | 0 | 0 | 7 | 100% | 95% | yes | 8 | 2026-11-28 |"
+    older = "| cancel | 20 | 20 | 18 | 0 | 0 | 2 | 0 | 100% | 95% | yes | 9 | 2026-11-28 |"
+    table.write_text(f"{audit.TABLE_START}\n{header}\n{old}\n{older}\n{audit.TABLE_END}\n")
+    monkeypatch.setattr(audit, "TABLE", table)
+    modules = audit.settings()[1]
+    rows = audit.table({name: modules[name] for name in ("admission", "cancel")}).splitlines()
+    assert rows[2] == old
+    assert rows[3].split("|")[9].strip() == str(audit.decorated_lines(modules["cancel"]))
+    assert [c.strip() for c in rows[3].split("|")[7:9]] == ["2", "0"]  # timeouts, excluded: in place
