@@ -460,13 +460,11 @@ def load_config(path: str | os.PathLike, env: dict[str, str] | None = None, need
 
 def _other_configs(path: Path) -> str:
     """"; did you mean ...? the configs in <folder>: a, b" for a config path that does not exist."""
-    folder = path.parent if path.parent.is_dir() and str(path.parent) not in ("", ".") else PROJECT_ROOT / "configs"
-    if not folder.is_dir():
-        folder = PROJECT_ROOT / "configs"
+    folder = path.parent if path.parent.is_dir() and str(path.parent) != "." else PROJECT_ROOT / "configs"
     found = sorted(p.name for p in folder.glob("*.y*ml"))
     if not found:
         return ""
-    close = difflib.get_close_matches(path.name, found, n=1)
+    close = difflib.get_close_matches(path.name, found)  # the closest first
     where = folder.relative_to(Path.cwd()) if folder.is_absolute() and folder.is_relative_to(Path.cwd()) else folder
     hint = f"; did you mean {where / close[0]}?" if close else ""
     return f"{hint} (the configs in {where}/: {', '.join(found)})"
