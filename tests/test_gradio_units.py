@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -501,6 +502,13 @@ def test_labels_boxes_and_entities_read_as_a_table_best_first():
     many = table_of([{"label": f"l{i}", "score": i / 100} for i in range(25)]).splitlines()
     assert len(many) == 22 and many[2] == "| l24 | 0.24 |" and many[-1] == "| l5 | 0.05 |"
     assert table_of([{"answer": "x" * 300}]).splitlines()[2] == "| " + "x" * 200 + " |"
+    # the columns a reader looks for come first, in the order the pipelines' keys do not give them
+    grouped = [{"entity_group": "PER", "score": 0.99, "word": "anna", "start": 0, "end": 4}]
+    assert table_of(grouped).splitlines()[:3] == ["| entity_group | word | score |", "|---|---|---|",
+                                                  "| PER | anna | 0.99 |"]
+    answers = [{"score": 0.5, "start": 1, "end": 3, "answer": "paris", "page": 2}]
+    assert table_of(answers).splitlines()[0] == "| answer | score | page |"
+    assert table_of([{"model": "m", "label": "cat", "score": 0.5}]).splitlines()[0] == "| label | score | model |"
 
 
 def test_a_tasks_output_reads_as_markdown_without_its_files():
@@ -1447,6 +1455,41 @@ def test_the_command_lines_defaults(monkeypatch):
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert low <= port <= high  # one the system chose, not a fixed one (root may bind any)
+
+
+def test_the_demo_stack_starts_tools_demo_in_the_project_on_a_free_port_in_its_own_session(tmp_path, monkeypatch):
+    """DemoStack runs the project's tools/demo.py (here one that says what the real one says when ready), from the
+    project folder, in a session of its own (a Ctrl-C at the launcher's terminal reaches the launcher, which stops
+    the stack in order), and stop() ends it."""
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "demo.py").write_text(
+        "import sys, time\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "print(f'demo ready: http://127.0.0.1:{port}/  (Ctrl-C stops it)', flush=True)\n"
+        "time.sleep(60)\n")
+    monkeypatch.setattr(launch, "ROOT", tmp_path)
+    stack = launch.DemoStack()
+    try:
+        url = stack.wait(timeout=30)
+        port = int(url.rsplit(":", 1)[1])
+        assert url == f"http://127.0.0.1:{port}" and port > 1024
+        assert stack.proc.args[0] == sys.executable
+    finally:
+        stack.stop()
+    assert stack.proc.returncode == -signal.SIGTERM
+
+
+def test_the_demo_stack_reports_where_and_how_its_child_ran(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "demo.py").write_text(
+        "import os, sys\nprint('cwd', os.getcwd(), 'own session', os.getsid(0) == os.getpid(), flush=True)\n")
+    monkeypatch.setattr(launch, "ROOT", tmp_path)
+    stack = launch.DemoStack()
+    with pytest.raises(launch.StartError, match=f"^the offline demo stack did not start: cwd {tmp_path} own session "
+                                                "True$"):
+        stack.wait(timeout=30)
 
 
 def fake_stack(script: str) -> launch.DemoStack:
