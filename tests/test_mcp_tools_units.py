@@ -676,3 +676,9 @@ def test_past_max_concurrent_requests_every_working_tool_is_refused_at_once(tmp_
     for _ in range(2):  # each call gives its slot back
         ran = call(server, "run_model", {"task": "image-classification", "model": VIT, "image": "/examples/red.png"})
         assert not ran.is_error, text_of(ran)
+    for _ in range(2):  # a call that fails inside its slot gives it back too
+        failed = call(server, "run_model", {"task": "image-classification", "model": "nobody/absent",
+                                            "image": "/examples/red.png"})
+        assert error_of(failed) == "Error executing tool run_model: nobody/absent is not available on the local models server"
+    ran = call(server, "run_model", {"task": "image-classification", "model": VIT, "image": "/examples/red.png"})
+    assert not ran.is_error, text_of(ran)
