@@ -74,6 +74,20 @@ def test_io_hooked_after_the_cancel_is_stopped_at_once_and_a_finished_block_is_n
         assert ran == ["late"]  # started after the client left: shut at once, before it connects
 
 
+def test_a_call_that_ends_inside_a_longer_one_leaves_the_longer_one_hooked():
+    """A task's model call (its socket hooked) ends while the LLM stream of the same request still runs: the
+    client leaving afterwards must still cut the stream."""
+    token = CancelToken()
+    ran: list[str] = []
+    with token.hooked(lambda: ran.append("llm stream")):
+        with token.hooked(lambda: ran.append("model call")):
+            pass
+        with pytest.raises(RuntimeError), token.hooked(lambda: ran.append("failed call")):
+            raise RuntimeError("the call failed")
+        token.cancel()
+        assert ran == ["llm stream"]
+
+
 def test_a_wait_under_a_request_ends_when_its_client_leaves_and_raises():
     token = CancelToken()
     reset = under(token)

@@ -5,7 +5,9 @@ a good `tools/list` is answered. Before, the SDK's transport dropped such lines 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hugginggpt.mcp.lines import INVALID_REQUEST, PARSE_ERROR, check_line, top_level_id
+from hugginggpt.mcp.lines import INVALID_REQUEST, PARSE_ERROR, check_line, claimed_stdin, top_level_id
 from tests.conftest import ROOT, write_config
 
 MAX_BODY = 500_000
@@ -374,3 +376,46 @@ def test_each_answered_line_is_logged_with_its_size_and_what_it_was_answered(cap
         "max_body_bytes)",
     ]
     assert len(sent) == 4
+
+
+def test_stdin_is_read_privately_while_serving_and_is_the_process_s_again_after_even_on_an_error():
+    """While the protocol reads the client's stdin, fd 0 is the null device (a child the server starts reads
+    nothing of the client's bytes); after, normal or failed, fd 0 is the client's stdin again (an embedding
+    process, or the REPL that ran the server, reads on)."""
+    saved = os.dup(0)
+    read_end, write_end = os.pipe()
+    try:
+        os.dup2(read_end, 0)
+        client_stdin = os.fstat(0)
+        null = os.stat(os.devnull)
+        for n, fails in enumerate((False, True)):
+            os.write(write_end, f"line {n}\n".encode())
+            with contextlib.suppress(RuntimeError), claimed_stdin() as stdin:
+                assert os.fstat(0).st_rdev == null.st_rdev and os.fstat(0).st_ino == null.st_ino
+                assert stdin.readline() == f"line {n}\n".encode()
+                if fails:
+                    raise RuntimeError("the server stopped on an error")
+            now = os.fstat(0)
+            assert (now.st_dev, now.st_ino) == (client_stdin.st_dev, client_stdin.st_ino), fails
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+
+
+def test_a_client_that_closes_stdin_ends_the_server(tmp_path, llm_server, models_server, public_dir):
+    """How an MCP client (Claude Desktop, the inspector) stops a stdio server: it closes the server's stdin and
+    waits for it to exit; a server that stays is killed, its work lost."""
+    config = write_config(tmp_path, llm_server.base_url, models_server[1], public_dir, semantic_ranking=False)
+    client = StdioClient(str(config))
+    try:
+        client.send(client.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                                  "clientInfo": {"name": "closing", "version": "1"}}, ident=0))
+        assert "result" in client.wait(lambda m: m.get("id") == 0, timeout=60)
+        client.send("{not json")  # an answered line: the error task has work to end too
+        assert client.error_for(None)["code"] == PARSE_ERROR
+        client.proc.stdin.close()
+        assert client.proc.wait(15) == 0
+    finally:
+        if client.proc.poll() is None:
+            client.proc.kill()
