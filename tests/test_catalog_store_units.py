@@ -339,6 +339,19 @@ def test_a_new_embedder_says_how_many_vectors_it_dropped(tmp_path, caplog):
 # ---------------------------------------------------------------------------------------------- reading
 
 
+def test_a_search_after_a_write_reads_the_rows_as_written_not_as_a_search_read_them_before(tmp_path):
+    """Searches keep the rows they decode; a sync that rewrites a model (its downloads, its likes) is what the
+    next search shows, before the index is compiled again (the text, and so the vector, did not change)."""
+    store = axis_store(tmp_path, [row("org/a", description="german", downloads=10, likes=1)])
+    [before] = store.search("translation", "german", limit=1)
+    assert (before.card.downloads, before.card.likes) == (10, 1)
+    store.upsert([row("org/a", description="german", downloads=5000, likes=70)])
+    assert store.pending_count() == 0  # the text is the same: nothing to embed, and no index compiled since
+    [after] = store.search("translation", "german", limit=1)
+    assert (after.card.downloads, after.card.likes) == (5000, 70)
+    store.close()
+
+
 def test_task_counts_are_counted_once_until_the_next_write(tmp_path):
     store = CatalogStore(tmp_path / "s.sqlite", None)
     store.upsert([row("org/a"), row("org/b"), row("org/s", "summarization")])
