@@ -87,14 +87,20 @@ def root_logger() -> Iterator[logging.Logger]:
         logging.getLogger(name).setLevel(level)
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The first and last port the kernel hands out for `bind(0)` and outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
 def _own_ports() -> range:
     """This test process's ports: below the kernel's ephemeral range, where `bind(0)` and every client
     connection take theirs, and a block per xdist worker. A port handed out stays free until the server
     started on it binds it: no other worker and no outgoing connection takes it in between."""
-    try:
-        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768  # Linux's default
+    ephemeral = ephemeral_ports()[0]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
     first = 20000 + 1000 * (int(worker) if worker.isdigit() else 0)
     return range(first, first + 1000) if first + 1000 <= ephemeral else range(0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import threading
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from hugginggpt.modelhost.handlers import Inputs
 from hugginggpt.modelhost.pool import ModelPool
 from hugginggpt.modelhost.registry import ModelSpec, Registry
 from tests.conftest import make_public
-from tests.tiny_models import bert_config, bert_tokenizer, words_tokenizer
+from tests.tiny_models import bert_config, bert_tokenizer, close, words_tokenizer
 
 MODEL = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"  # NEGATIVE / POSITIVE
 OTHER = "cardiffnlp/twitter-roberta-base-sentiment-latest"  # the catalog's other text classifier
@@ -86,9 +85,7 @@ def new_pool(site) -> ModelPool:
 
 def same(a: Any, b: Any) -> bool:
     """One classifier answer equal to another: labels exactly, scores within 1e-5."""
-    return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
-            and all(x.keys() == {"label", "score"} and x["label"] == y["label"]
-                    and math.isclose(x["score"], y["score"], rel_tol=0, abs_tol=1e-5) for x, y in zip(a, b, strict=True)))
+    return isinstance(a, list) and all(isinstance(x, dict) and x.keys() == {"label", "score"} for x in a) and close(a, b, 1e-5)
 
 
 def infer_in_new_context(engine: LocalEngine, spec: ModelSpec, body: dict, public: Path) -> tuple[Any, int | None]:

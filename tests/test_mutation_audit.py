@@ -384,3 +384,32 @@ def test_a_recorded_row_keeps_the_decorated_lines_its_run_left_unmutated(audit, 
     assert rows[2] == old
     assert rows[3].split("|")[9].strip() == str(audit.decorated_lines(modules["cancel"]))
     assert [c.strip() for c in rows[3].split("|")[7:9]] == ["2", "0"]  # timeouts, excluded: in place
+
+
+def test_a_runs_unmutated_lines_are_counted_in_the_source_it_ran_on(audit, tmp_path):
+    """A run folder holds the copy of the source its run mutated: a context manager decorated then and wrapped
+    since counts as unmutated in that run's row, and its pragma markers are the ones that run saw."""
+    module = audit.settings()[1]["admission"]
+    folder = tmp_path / "admission"
+    (folder / "mutants" / "hugginggpt").mkdir(parents=True)
+    (folder / "mutants" / "hugginggpt" / "admission.py.meta").write_text(
+        json.dumps({"exit_code_by_key": {"hugginggpt.admission.x_take__mutmut_1": 1}}))
+    then = (ROOT / module.path).read_text().replace("def _admitted(", "@contextlib.contextmanager\ndef admitted(")
+    then = then.replace("    take(slots, limit)\n", "    take(slots, limit)  # pragma: no mutate\n", 1)
+    (folder / "hugginggpt").mkdir()
+    (folder / module.path).write_text(then)
+    score = audit.score_of(folder, module)
+    assert score.decorated == audit.decorated_lines(module) + 7 and score.excluded == audit.excluded_lines(module) + 1
+    assert score.mutants == 1 and score.killed == 1
+    (folder / module.path).unlink()  # a folder without its copy (an older layout): the project's source
+    assert audit.score_of(folder, module).decorated == audit.decorated_lines(module)
+
+
+def test_a_not_run_row_is_counted_again_from_the_source(audit, tmp_path, monkeypatch):
+    table = tmp_path / "TESTING.md"
+    stale = "| admission | not run yet | | | | | | 0 | 99 | | 95% | no | | |"
+    table.write_text(f"{audit.TABLE_START}\n{audit.HEADER}\n{stale}\n{audit.TABLE_END}\n")
+    monkeypatch.setattr(audit, "TABLE", table)
+    module = audit.settings()[1]["admission"]
+    [row] = audit.table({"admission": module}).splitlines()[2:]
+    assert row.split("|")[9].strip() == str(audit.decorated_lines(module)) != "99"

@@ -5,6 +5,7 @@ Each builder writes `<models_dir>/<org>/<name>` with `save_pretrained`, like a d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -49,12 +50,14 @@ def built_once(name: str, build: Callable[[Path], None], *builders: Callable) ->
     folder = Path(tempfile.gettempdir()) / f"hugginggpt-{name}-{digest.hexdigest()[:12]}"
     if not (folder / "complete").is_file():
         staging = Path(tempfile.mkdtemp(prefix=f"hugginggpt-{name}-staging-"))
-        build(staging)
-        (staging / "complete").write_text("")
-        shutil.rmtree(folder, ignore_errors=True)
         try:
-            os.replace(staging, folder)
-        except OSError:  # another process built it meanwhile
+            build(staging)
+            (staging / "complete").write_text("")
+            if not (folder / "complete").is_file():  # another process may have finished it meanwhile
+                shutil.rmtree(folder, ignore_errors=True)  # a half-built one, left by a run stopped mid-rename
+                with contextlib.suppress(OSError):  # another process put its copy there in between
+                    os.replace(staging, folder)
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
     return folder
 

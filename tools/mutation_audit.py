@@ -306,14 +306,14 @@ def statuses(folder: Path, module: Module) -> dict[str, str]:
     return {name: status for name, (status, _took) in verdicts(folder, module).items()}
 
 
-def module_files(module: Module) -> list[Path]:
-    """The .py files a module's `path` names."""
-    return sorted(p for p in ROOT.glob(module.path) if p.suffix == ".py")
+def module_files(module: Module, root: Path = ROOT) -> list[Path]:
+    """The .py files a module's `path` names (in the project, or in a run's copy of it)."""
+    return sorted(p for p in root.glob(module.path) if p.suffix == ".py")
 
 
-def excluded_lines(module: Module) -> int:
+def excluded_lines(module: Module, root: Path = ROOT) -> int:
     count = 0
-    for path in module_files(module):
+    for path in module_files(module, root):
         count += sum("pragma: no mutate" in line for line in path.read_text().splitlines())
     return count
 
@@ -333,14 +333,18 @@ def decorated_functions(source: str) -> list[tuple[str, int]]:
     return found
 
 
-def decorated_lines(module: Module) -> int:
-    return sum(lines for path in module_files(module) for _name, lines in decorated_functions(path.read_text()))
+def decorated_lines(module: Module, root: Path = ROOT) -> int:
+    return sum(lines for path in module_files(module, root) for _name, lines in decorated_functions(path.read_text()))
 
 
 def score_of(folder: Path, module: Module) -> Score:
+    """The run's figures; its excluded and decorated lines counted in the source it ran on (the folder's copy),
+    so a function wrapped since (mutated now, not in that run) is not read as covered by it."""
     state = statuses(folder, module)
     audit = json.loads((folder / "audit.json").read_text()) if (folder / "audit.json").exists() else {}
-    s = Score(module.name, mutants=len(state), excluded=excluded_lines(module), decorated=decorated_lines(module),
+    ran_on = folder if module_files(module, folder) else ROOT
+    s = Score(module.name, mutants=len(state), excluded=excluded_lines(module, ran_on),
+              decorated=decorated_lines(module, ran_on),
               minutes=audit.get("minutes", 0.0), day=audit.get("date", ""))
     for status in state.values():
         field = {"killed": "killed", "survived": "survived", "no tests": "no_tests", "timeout": "timeout",
@@ -476,7 +480,7 @@ def table(modules: dict[str, Module]) -> str:
             fast_module = Module(m.name, m.path, m.goal, ())
             lines.append(row(score_of(fast, fast_module), m.goal).replace(
                 f"| {m.name} |", f"| {m.name} (in-process files only) |", 1))
-        elif m.name in kept:
+        elif m.name in kept and "not run yet" not in kept[m.name]:
             cells = kept[m.name].strip().strip("|").split("|")
             if len(cells) == HEADER.split("\n")[0].count("|") - 2:  # written before the column existed:
                 cells.insert(DECORATED_CELL, f" {decorated_lines(m)} ")  # counted from the source as it is now
