@@ -11,6 +11,7 @@ only a broken one gives, a small stand-in served the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import io
 import json
@@ -38,6 +39,7 @@ from hugginggpt.config import load_config
 from hugginggpt.errors import BackendError
 from hugginggpt.gradio_ui import launch, sessions
 from hugginggpt.gradio_ui.app import (
+    CSS,
     EXAMPLES_DIR,
     ActiveRuns,
     Conversation,
@@ -543,6 +545,7 @@ def test_sizes_read_in_kib_below_a_mib_and_in_mib_from_one():
     assert size_text(1024 * 1024 - 1) == "1024 KiB"
     assert size_text(10 * 1024 * 1024) == "10.0 MiB"
     assert size_text(3 * 1024 * 1024 // 2) == "1.5 MiB"
+    assert size_text(200 * 1024 * 1024) == "200.0 MiB"  # a MiB is 1024 * 1024 bytes: 1025 * 1024 reads 199.8
     assert size_text(2048) == "2 KiB"
     assert size_text(0) == "0 KiB"
 
@@ -1500,12 +1503,16 @@ def fake_stack(script: str) -> launch.DemoStack:
     return stack
 
 
-def test_the_demo_stacks_url_is_the_one_it_says_it_is_ready_on(capsys):
-    stack = fake_stack("echo 'building tiny models'; echo 'demo ready: http://127.0.0.1:8123/ (config x)'; sleep 30")
+def test_the_demo_stacks_url_is_the_one_it_says_it_is_ready_on(capsys, tmp_path):
+    marker = tmp_path / "wrote its log"
+    stack = fake_stack("echo 'building tiny models'; echo 'demo ready: http://127.0.0.1:8123/ (config x)'; "
+                       f"head -c 1000000 /dev/zero; touch '{marker}'; sleep 30")
     try:
         assert stack.wait(timeout=10) == "http://127.0.0.1:8123"
         assert capsys.readouterr().err == "  building tiny models\n"
         assert stack.proc.poll() is None  # still serving
+        # what the stack logs while it serves is read and dropped: a full pipe would stall its servers
+        wait_until(marker.exists, timeout=10, what="the stack to write past a pipe's 64 KiB")
     finally:
         stack.stop()
     assert stack.proc.returncode == -signal.SIGTERM
@@ -1515,9 +1522,10 @@ def test_the_demo_stacks_url_is_the_one_it_says_it_is_ready_on(capsys):
 
 
 def test_a_demo_stack_that_never_says_ready_is_stopped_with_its_last_line():
-    stack = fake_stack("echo 'starting'; echo 'error: port taken'")
-    with pytest.raises(launch.StartError, match=r"^the offline demo stack did not start: error: port taken$"):
+    stack = fake_stack("echo 'starting'; echo '  building'; echo 'error: port taken'")
+    with pytest.raises(launch.StartError) as info:
         stack.wait(timeout=10)
+    assert str(info.value) == "the offline demo stack did not start: error: port taken"  # its last line, as it is
     stack = fake_stack("true")
     with pytest.raises(launch.StartError, match=r"^the offline demo stack did not start: no output$"):
         stack.wait(timeout=10)
@@ -1606,3 +1614,49 @@ def test_main_says_in_one_line_why_it_cannot_start(monkeypatch, capsys, stand_in
             signal.signal(signal.SIGTERM, previous)
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot serve on port {port}: ") and err.count("\n") == 1, err
+
+
+def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stand_in_server, capsys):
+    """What `run_gradio_demo.py --server URL` does between start and stop, in this process: the app answers on
+    the port asked for, the ready line names it once the page answers, SIGTERM (systemd, docker stop) ends it
+    with 0 and the port is free again. The launch settings are read back from the running app's /config."""
+    import requests
+
+    port = free_port()
+    args = launch.parse_args(["--server", stand_in_server.url, "--port", str(port), "--host", "127.0.0.1"])
+    url = f"http://127.0.0.1:{port}"
+    seen: dict[str, Any] = {}
+
+    def stop_once_up() -> None:
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "page" not in seen:
+                with contextlib.suppress(requests.RequestException):
+                    seen["page"] = requests.get(url + "/", timeout=2).status_code
+                time.sleep(0.1)
+            with contextlib.suppress(requests.RequestException, ValueError):
+                seen["config"] = requests.get(url + "/config", timeout=5).json()
+                example = ROOT / "public" / "examples" / "rocket.jpg"
+                seen["example"] = requests.get(f"{url}/gradio_api/file={example}", timeout=5).status_code
+                seen["elsewhere"] = requests.get(f"{url}/gradio_api/file={ROOT / 'README.md'}", timeout=5).status_code
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # whatever happened: the test never waits forever
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stopper = threading.Thread(target=stop_once_up, daemon=True)
+    try:
+        stopper.start()
+        assert launch.serve(args, time.perf_counter()) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stopper.join(10)
+    out = capsys.readouterr().out
+    assert re.fullmatch(rf"HuggingGPT Gradio app ready: {url}/  \(started in \d+\.\d s; Ctrl-C stops it\)\n"
+                        rf"(Closing server running on port: {port}\n)?app stopped\n", out), out  # Gradio's own line
+    assert seen["page"] == 200
+    config = seen["config"]
+    assert (config["title"], config["theme"], config["css"]) == ("HuggingGPT", "soft", CSS)
+    assert config["max_file_size"] == 10 * 1024 * 1024 and config["show_error"] is False  # no tracebacks to visitors
+    assert (seen["example"], seen["elsewhere"]) == (200, 403)  # the examples are served, nothing else of the project
+    with pytest.raises(requests.ConnectionError):
+        requests.get(url + "/", timeout=2)  # closed with the process's stop, not left serving
