@@ -413,3 +413,30 @@ def test_a_not_run_row_is_counted_again_from_the_source(audit, tmp_path, monkeyp
     module = audit.settings()[1]["admission"]
     [row] = audit.table({"admission": module}).splitlines()[2:]
     assert row.split("|")[9].strip() == str(audit.decorated_lines(module)) != "99"
+
+
+@pytest.mark.parametrize(("said", "kept"), [
+    ("⠋ 673/2479  🎉 439\n", True),  # stopped by a signal (Ctrl-C, kill) midway: what it judged stays
+    ("Running clean tests\nFailed to run clean test\n", False),  # results naming mutants gone: afresh, once
+])
+def test_a_stopped_run_keeps_its_verdicts_unless_mutmut_could_not_run_the_tests_clean(audit, tmp_path, monkeypatch,
+                                                                                       said, kept):
+    folder = tmp_path / "m"
+    meta = folder / "mutants" / "hugginggpt" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {"m__mutmut_1": 1, "m__mutmut_2": None}}))
+    (folder / "mutmut.log").write_text("Failed to run clean test\n")  # an earlier run's: not this one's
+    monkeypatch.setattr(audit, "prepare", lambda module, base: folder)
+    runs = []
+
+    def stopped(cwd, *args, log=None):
+        runs.append(args)
+        with log.open("a") as out:
+            out.write(said)
+        return -15 if kept else 1
+
+    monkeypatch.setattr(audit, "mutmut", stopped)
+    module = audit.Module("m", "hugginggpt/m.py", 0.85, ("tests/test_m.py",))
+    with pytest.raises(SystemExit):
+        audit.run_module(module, {"pytest_add_cli_args": []}, recheck=False, max_children=None)
+    assert meta.exists() is kept and len(runs) == (1 if kept else 2)

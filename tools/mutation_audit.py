@@ -379,6 +379,13 @@ def seed_from_fast(module: Module, folder: Path) -> None:
         shutil.copy2(fast / "audit.json", folder / "audit.json")
 
 
+def clean_run_failed(log: Path, since: int) -> bool:
+    """Whether mutmut's run logged from byte `since` on stopped because the tests failed with no mutant applied."""
+    with log.open("rb") as f:
+        f.seek(since)
+        return b"Failed to run clean test" in f.read()
+
+
 def run_module(module: Module, base: dict, *, recheck: bool, max_children: int | None, restat: bool = False) -> Score:
     folder = prepare(module, base)
     seed_from_fast(module, folder)
@@ -388,10 +395,12 @@ def run_module(module: Module, base: dict, *, recheck: bool, max_children: int |
     before = verdicts(folder, module)
     started = time.monotonic()
     args = ["run"] + ([f"--max-children={max_children}"] if max_children else [])
+    logged = log.stat().st_size if log.exists() else 0
     code = mutmut(folder, *args, log=log)
-    if code != 0 and (folder / "mutants").exists():
+    if code != 0 and (folder / "mutants").exists() and clean_run_failed(log, logged):
         # results kept from before a source or test change can name mutants that no longer exist, and mutmut
-        # then stops ("Failed to run clean test"): start this module afresh once (from its --fast verdicts, if any)
+        # then stops ("Failed to run clean test"): start this module afresh once (from its --fast verdicts, if any).
+        # Only then: a run stopped by a signal or a crash keeps every verdict it reached, for the next run.
         shutil.rmtree(folder / "mutants")
         seed_from_fast(module, folder)
         code = mutmut(folder, *args, log=log)
