@@ -235,15 +235,24 @@ def test_past_max_tracked_with_every_file_still_there_the_oldest_go(tmp_path):
 # == sessions.py: the ASGI middleware ====================================================================================
 
 class Downstream:
-    """The app behind the middleware (Gradio, in the real app): records what it was sent, answers as told."""
+    """The app behind the middleware (Gradio, in the real app): records what it was sent (the scope, and the
+    request's body, read as Gradio reads an upload), answers as told. A chunk of None is a last body message
+    without a `body` key, which ASGI allows (an empty body)."""
 
-    def __init__(self, status: int = 200, body: bytes = b"ok", chunks: list[bytes] | None = None,
+    def __init__(self, status: int = 200, body: bytes = b"ok", chunks: list[bytes | None] | None = None,
                  extra: list[dict] | None = None):
         self.scopes: list[dict] = []
+        self.bodies: list[bytes] = []
         self.status, self.body, self.chunks, self.extra = status, body, chunks, extra or []
 
     async def __call__(self, scope, receive, send) -> None:
         self.scopes.append(scope)
+        if scope["type"] == "http":
+            received, more = b"", True
+            while more:
+                message = await receive()
+                received, more = received + message.get("body", b""), message.get("more_body", False)
+            self.bodies.append(received)
         await send({"type": "http.response.start", "status": self.status, "headers": [(b"x-down", b"1")]})
         for message in self.extra:
             await send(message)
@@ -251,15 +260,18 @@ class Downstream:
             await send({"type": "http.response.body", "body": self.body})
         else:
             for i, chunk in enumerate(self.chunks):
-                await send({"type": "http.response.body", "body": chunk, "more_body": i < len(self.chunks) - 1})
+                message = {"type": "http.response.body", "more_body": i < len(self.chunks) - 1}
+                await send(message if chunk is None else {**message, "body": chunk})
 
 
 def asgi(app, path: str, method: str = "GET", headers: list[tuple[bytes, bytes]] | None = None,
-         kind: str = "http") -> list[dict]:
+         kind: str = "http", body: bytes = b"") -> list[dict]:
     sent: list[dict] = []
+    parts = [body[:5], body[5:]] if body else [b""]
 
     async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
+        part = parts.pop(0) if parts else b""
+        return {"type": "http.request", "body": part, "more_body": bool(parts)}
 
     async def send(message):
         sent.append(message)
@@ -359,9 +371,12 @@ def test_an_upload_is_recorded_as_its_uploaders_before_its_answer_is_sent(tmp_pa
     files = VisitorFiles([tmp_path])
     stored = [str(tmp_path / "u1" / "a.png"), str(tmp_path / "u2" / "b.wav")]
     body = json.dumps(stored).encode()
-    down = Downstream(chunks=[body[:10], body[10:]], extra=[{"type": "http.response.debug", "info": 1}])
+    down = Downstream(chunks=[body[:10], body[10:], None], extra=[{"type": "http.response.debug", "info": 1}])
     as_alice = [(b"cookie", f"{COOKIE}={ALICE}".encode())]
-    sent = asgi(PrivateFiles(down, files), "/gradio_api/upload", method="POST", headers=as_alice)
+    form = b"--x\r\ncontent-disposition: form-data; name=files; filename=a.png\r\n\r\nPNG...\r\n--x--\r\n"
+    sent = asgi(PrivateFiles(down, files), "/gradio_api/upload", method="POST", headers=as_alice, body=form)
+    assert down.bodies == [form]  # Gradio reads the upload whole, through the middleware
+    assert (down.scopes[0]["path"], down.scopes[0]["method"]) == ("/gradio_api/upload", "POST")
     assert all(files.allowed(ALICE, p) for p in stored) and not files.allowed(BOB, stored[0])
     assert sent == [{"type": "http.response.debug", "info": 1},
                     {"type": "http.response.start", "status": 200, "headers": [(b"x-down", b"1")]},

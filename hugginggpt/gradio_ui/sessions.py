@@ -179,7 +179,7 @@ class PrivateFiles:
         if fresh:
             visitor = new_visitor_id()
             scope = {**scope, "headers": _with_cookie(headers, visitor)}
-        path = scope.get("path", "")
+        path = scope["path"]  # an HTTP scope always has one (ASGI)
 
         async def send_with_cookie(message) -> None:
             if fresh and message["type"] == "http.response.start":
@@ -213,11 +213,12 @@ class PrivateFiles:
             if start.get("status") == 200:
                 try:
                     stored = json.loads(b"".join(body))
-                except ValueError:
-                    stored = []
-                for path in stored if isinstance(stored, list) else []:
-                    if isinstance(path, str):
-                        self.files.own(visitor, path)
+                except ValueError:  # not Gradio's list of stored paths: nothing to record
+                    pass
+                else:
+                    for path in stored if isinstance(stored, list) else []:
+                        if isinstance(path, str):
+                            self.files.own(visitor, path)
             await send(start)
             await send({"type": "http.response.body", "body": b"".join(body)})
 
