@@ -1179,6 +1179,22 @@ def test_a_turn_ends_in_one_line_on_an_error_or_a_cancel(tmp_path):
     assert hidden.files == [] and len(hidden.chat) == 1
 
 
+def test_a_turns_files_are_listed_in_its_history_entry_and_a_task_event_without_an_id_gets_its_own_message(tmp_path):
+    (tmp_path / "images").mkdir()
+    for name in ("a.png", "b.png"):
+        (tmp_path / "images" / name).write_bytes(b"x")
+    turn = Conversation(Shelf(tmp_path), [])
+    turn.handle({"event": "task_finished", "id": 0, "result": {"image": "/images/a.png", "mask": "/images/b.png"}})
+    turn.handle({"event": "answer", "message": "two images"})
+    assert turn.history_entry() == "two images\nGenerated files: /images/a.png, /images/b.png"
+    # an event from another orchestrator's version, without a task id: shown on its own, never in task #1's place
+    turn = Conversation(Shelf(tmp_path), [])
+    turn.handle({"event": "task_started", "task": "translation"})
+    turn.handle({"event": "task_started", "id": 1, "task": "summarization"})
+    assert [m["content"] for m in turn.chat] == ["running…", "running…"]
+    assert turn.chat[1]["metadata"]["title"] == "#1 summarization"
+
+
 # == app.py: the Blocks app's event functions ==========================================================================
 
 class Bar:
