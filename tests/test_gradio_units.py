@@ -1699,3 +1699,31 @@ def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stan
     assert (seen["example"], seen["elsewhere"]) == (200, 403)  # the examples are served, nothing else of the project
     with pytest.raises(requests.ConnectionError):
         requests.get(url + "/", timeout=2)  # closed with the process's stop, not left serving
+
+
+def test_ctrl_c_while_the_launcher_waits_for_the_orchestrator_exits_130(monkeypatch, capsys):
+    """Ctrl-C before the app is up (an orchestrator that accepted the connection and never answered) ends the
+    launcher at once with the shell's code for an interrupt, 130, not a traceback."""
+    import socket
+
+    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+                 "TOKENIZERS_PARALLELISM"):
+        monkeypatch.delenv(name, raising=False)
+    import warnings
+
+    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        try:
+            assert launch.main(["--server", f"http://127.0.0.1:{silent.getsockname()[1]}"]) == 130
+        finally:
+            timer.cancel()
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
+    assert time.monotonic() - started < 10 and capsys.readouterr().err == ""
