@@ -683,8 +683,8 @@ def test_a_boolean_memory_budget_is_refused(tmp_path):
 
 
 def test_a_model_size_cap_that_is_not_a_number_is_refused_at_start(tmp_path):
-    with pytest.raises(ConfigError, match="model_constraints.max_size_mb"):
-        config_of(tmp_path, OPENAI + "model_constraints: {max_size_mb: big}\n")
+    assert error_of(tmp_path, OPENAI + "model_constraints: {max_size_mb: big}\n") == (
+        "<file>: `model_constraints.max_size_mb` must be a number")  # the file named, as for every other key
 
 
 def test_a_context_size_that_is_not_a_number_is_refused_at_start(tmp_path):
