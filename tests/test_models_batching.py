@@ -10,9 +10,8 @@ import pytest
 import requests
 
 from tests.conftest import make_public
-from tests.test_batching_units import close, words_tokenizer
 from tests.test_models_server import start_models_server
-from tests.tiny_models import bert_config, token_classifier
+from tests.tiny_models import bert_config, close, token_classifier, words_tokenizer
 
 TEXT = "distilbert/distilbert-base-uncased-finetuned-sst-2-english"
 NER = "dslim/bert-base-NER"
@@ -78,7 +77,7 @@ def test_eight_concurrent_requests_share_a_batch_and_get_eight_separate_answers(
     together = burst(on, TEXT, [{"text": t} for t in TEXTS])
     assert [r.status_code for r in together] == [200] * 8, [r.text for r in together]
     for k, (a, b) in enumerate(zip(alone, together, strict=True)):
-        assert close(b.json(), a.json()), (TEXTS[k], b.json(), a.json())
+        assert close(b.json(), a.json(), 1e-6), (TEXTS[k], b.json(), a.json())
     scores = [r.json()[0]["score"] for r in alone]  # answers differ, so a swapped answer could not pass as close
     assert all(not math.isclose(x, y, abs_tol=1e-6) for k, x in enumerate(scores) for y in scores[k + 1:])
     sizes = sorted(int(r.headers["X-Batch-Size"]) for r in together)
@@ -96,7 +95,7 @@ def test_one_bad_input_among_them_fails_only_its_caller(servers):
     assert [r.status_code for r in alone] == [200] * 6 + [500, 400], [r.text for r in alone]
     assert [r.status_code for r in together] == [200] * 6 + [500, 400], [r.text for r in together]
     for a, b in zip(alone[:6], together[:6], strict=True):
-        assert close(b.json(), a.json())
+        assert close(b.json(), a.json(), 1e-6)
     assert NER in together[6].json()["error"]["message"]
     assert "`text` is required" in together[7].json()["error"]["message"]
     assert max(int(r.headers["X-Batch-Size"]) for r in together[:6]) > 1
