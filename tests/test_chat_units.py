@@ -392,8 +392,8 @@ def test_stopping_a_streamed_start_cancels_its_round_and_forgets_its_selections(
     streamed = StreamedStart(engine, state)
     streamed.round = engine.executor.begin(state)
     scheduler = streamed.round.scheduler
+    state.selections[0] = None  # before the task is added: it may start at once, and reads its selection
     scheduler.add(0, [])
-    state.selections[0] = None
     streamed.stop()
     assert streamed.round is None and state.selections == {}
     outcome = scheduler.outcomes()[0]
