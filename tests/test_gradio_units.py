@@ -1620,14 +1620,25 @@ def _root_logging(root_logger):
     """Every test here puts the root logger back (conftest's root_logger): `launch.main` sets up logging."""
 
 
-def test_main_says_in_one_line_why_it_cannot_start(monkeypatch, capsys, stand_in_server):
-    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
-                 "TOKENIZERS_PARALLELISM"):  # main sets them for its process: put back for the tests after this one
-        monkeypatch.delenv(name, raising=False)
+@pytest.fixture
+def launcher_process_state(monkeypatch):
+    """What `launch.main` changes for its whole process, put back after a test that calls it: the environment
+    it sets for the libraries (analytics, progress bars, verbosity), its `filterwarnings("ignore")`, and the
+    SIGTERM/SIGINT handlers it installs."""
     import warnings
 
-    filters = warnings.filters[:]
-    monkeypatch.setattr(warnings, "filters", filters)  # main's filterwarnings("ignore") stays in this test
+    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
+                 "TOKENIZERS_PARALLELISM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGTERM, handlers[0])
+    signal.signal(signal.SIGINT, handlers[1])
+
+
+@pytest.mark.usefixtures("launcher_process_state")
+def test_main_says_in_one_line_why_it_cannot_start(capsys, stand_in_server):
     url = dead_url()
     assert launch.main(["--server", url, "--verbose"]) == 2
     assert capsys.readouterr().err == f"error: cannot reach the orchestrator at {url} (ConnectionError)\n"
@@ -1641,16 +1652,13 @@ def test_main_says_in_one_line_why_it_cannot_start(monkeypatch, capsys, stand_in
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        previous = signal.getsignal(signal.SIGTERM)
-        try:
-            assert launch.main(["--server", stand_in_server.url, "--port", str(port), "--host", "127.0.0.1"]) == 2
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        assert launch.main(["--server", stand_in_server.url, "--port", str(port), "--host", "127.0.0.1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot serve on port {port}: ") and err.count("\n") == 1, err
 
 
-def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stand_in_server, capsys, monkeypatch):
+@pytest.mark.usefixtures("launcher_process_state")
+def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stand_in_server, capsys):
     """What `run_gradio_demo.py --server URL` does between start and stop, in this process: the app answers on
     the port asked for, the ready line names it once the page answers, SIGTERM (systemd, docker stop) ends it
     with 0 and the port is free again. The launch settings are read back from the running app's /config."""
@@ -1675,19 +1683,11 @@ def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stan
         finally:
             os.kill(os.getpid(), signal.SIGTERM)  # whatever happened: the test never waits forever
 
-    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
-                 "TOKENIZERS_PARALLELISM"):  # main sets them for its process: put back for the tests after this one
-        monkeypatch.delenv(name, raising=False)
-    import warnings
-
-    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
-    previous = signal.getsignal(signal.SIGTERM)
     stopper = threading.Thread(target=stop_once_up, daemon=True)
     try:
         stopper.start()
         assert launch.main(["--server", stand_in_server.url, "--port", str(port), "--host", "127.0.0.1"]) == 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
         stopper.join(10)
     out = capsys.readouterr().out
     assert re.fullmatch(rf"HuggingGPT Gradio app ready: {url}/  \(started in \d+\.\d s; Ctrl-C stops it\)\n"
@@ -1701,18 +1701,12 @@ def test_serve_launches_the_app_says_where_it_is_ready_and_stops_on_sigterm(stan
         requests.get(url + "/", timeout=2)  # closed with the process's stop, not left serving
 
 
-def test_ctrl_c_while_the_launcher_waits_for_the_orchestrator_exits_130(monkeypatch, capsys):
+@pytest.mark.usefixtures("launcher_process_state")
+def test_ctrl_c_while_the_launcher_waits_for_the_orchestrator_exits_130(capsys):
     """Ctrl-C before the app is up (an orchestrator that accepted the connection and never answered) ends the
     launcher at once with the shell's code for an interrupt, 130, not a traceback."""
     import socket
 
-    for name in ("GRADIO_ANALYTICS_ENABLED", "TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY",
-                 "TOKENIZERS_PARALLELISM"):
-        monkeypatch.delenv(name, raising=False)
-    import warnings
-
-    monkeypatch.setattr(warnings, "filters", warnings.filters[:])
-    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -1724,6 +1718,4 @@ def test_ctrl_c_while_the_launcher_waits_for_the_orchestrator_exits_130(monkeypa
             assert launch.main(["--server", f"http://127.0.0.1:{silent.getsockname()[1]}"]) == 130
         finally:
             timer.cancel()
-            signal.signal(signal.SIGTERM, previous[0])
-            signal.signal(signal.SIGINT, previous[1])
     assert time.monotonic() - started < 10 and capsys.readouterr().err == ""
