@@ -602,7 +602,8 @@ def test_server_sent_events_become_the_objects_the_server_sent():
     lines = [None, ": comment", "event: plan", 'data: {"tasks": [1,', "data:2]}", "", "event:answer",
              'data:{"event": "kept", "message": "hi"}', "", "event: done", "data: {}", "", "event: nodata", "",
              "data: {}", "", "event: bad", "data: {not json", "", "event: list", "data: [1]", "", "id: 3",
-             "event:  spaced  ", 'data:   {"x": 1}', "", "event: unended", 'data: {"y": 2}']
+             "event:  spaced  ", 'data:   {"x": 1}', "", "event:done", 'data: {"z": 3}', "",
+             ": data: {}", "event: commented", "", "event: unended", 'data: {"y": 2}']
     assert list(sse_events(iter(lines))) == [{"tasks": [1, 2], "event": "plan"}, {"event": "kept", "message": "hi"},
                                              {"x": 1, "event": "spaced"}]
 
@@ -806,6 +807,7 @@ class StandInOrchestrator:
         self.health: Any = {"status": "ok", "llm": {"api_type": "openai", "api_key": "set"}}
         self.health_status = 200
         self.upload_reply: tuple[Any, int] = ({"path": "/uploads/abc.png", "kind": "image"}, 200)
+        self.upload_pause = 0.0
         self.stream: list[str] = []
         self.stream_status = 200
         self.stream_pause = 0.0
@@ -830,6 +832,7 @@ class StandInOrchestrator:
 
         def upload():
             record()
+            time.sleep(self.upload_pause)
             body, status = self.upload_reply
             return (Response(body, status=status) if isinstance(body, str) else (jsonify(body), status))
 
@@ -940,6 +943,11 @@ def test_remote_uploads_send_the_file_with_the_token_and_say_why_one_was_refused
     url = dead_url()
     with pytest.raises(UserError, match=f"^cannot reach the orchestrator at {url} \\(ConnectionError\\)$"):
         Remote(url).upload(b"x", "x.png")
+    stand_in_server.upload_pause = 3.0  # accepted, never answered in time: the visitor is told, not left waiting
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"\(ReadTimeout\)$"):
+        Remote(stand_in_server.url, timeout=0.5).upload(b"x", "x.png")
+    assert time.monotonic() - started < 2.5
 
 
 def test_remote_runs_stream_the_servers_events_with_the_visitors_settings(stand_in_server):
@@ -967,6 +975,33 @@ def test_remote_runs_end_in_one_line_when_the_server_refuses_breaks_off_or_is_go
     url = dead_url()
     assert list(Remote(url).start([{"role": "user", "content": "x"}], VisitorLLM())) == [
         error_event(f"lost the orchestrator at {url} (ConnectionError)")]
+
+
+def test_remote_runs_give_up_on_a_stream_that_falls_silent(stand_in_server):
+    """The server writes a keep-alive every 10 s: a stream silent for longer than `stream_idle` (60 s unless
+    set) is an orchestrator that hangs, and the visitor gets a line instead of a page waiting forever."""
+    assert Remote("http://x").stream_idle == 60.0
+
+    def events_within(remote: Remote, seconds: float) -> list[dict]:
+        run = remote.start([{"role": "user", "content": "x"}], VisitorLLM())
+        events: list[dict] = []
+        reader = threading.Thread(target=lambda: events.extend(run), daemon=True)
+        reader.start()
+        reader.join(seconds)
+        if reader.is_alive():
+            run.cancel()  # still going: its events end with {"event": "cancelled"}
+            reader.join(5)
+        return events
+
+    stand_in_server.stream = ["event: plan", 'data: {"tasks": []}', ""]
+    stand_in_server.stream_pause = 0.2  # then a keep-alive every 0.2 s: slow, not silent, for longer than 1 s
+    assert events_within(Remote(stand_in_server.url, stream_idle=1.0), 2.5) == [
+        {"tasks": [], "event": "plan"}, {"event": "cancelled"}]
+    stand_in_server.stream_pause = 3.0  # a line every 3 s: silent for longer than 0.5 s
+    started = time.monotonic()
+    assert events_within(Remote(stand_in_server.url, stream_idle=0.5), 5) == [
+        error_event(f"lost the orchestrator at {stand_in_server.url} (ConnectionError)")]
+    assert time.monotonic() - started < 2.5
 
 
 def test_remote_cancel_closes_the_stream_so_the_server_stops(stand_in_server):
@@ -1132,7 +1167,7 @@ def test_a_turn_shows_each_tasks_progress_output_and_files_then_the_answer(tmp_p
     assert chat[1] == {"role": "assistant", "content": "running…", "metadata": {
         "title": f"#0 text-to-image · {SDXL}", "status": "pending"}}
     turn.handle({"event": "task_progress", "id": 0, "task": "text-to-image", "phase": "running", "step": 2, "steps": 5})
-    assert len(chat) == 2 and chat[1]["content"] == "running… step 2 of 5"
+    assert len(chat) == 2 and chat[1]["content"] == "running… step 2 of 5" and chat[1]["metadata"]["status"] == "pending"
     result = {"generated image": "/images/a.png", "again": "/images/a.png", "gone": "/images/b.png",
               "example": "/examples/c.png", "text": "a fox"}
     turn.handle({"event": "task_finished", "id": 0, "task": "text-to-image", "seconds": 2.0, "model_seconds": 1.5,
@@ -1162,6 +1197,8 @@ def test_a_turn_shows_each_tasks_progress_output_and_files_then_the_answer(tmp_p
 def test_a_turn_ends_in_one_line_on_an_error_or_a_cancel(tmp_path):
     chat: list[dict] = []
     turn = Conversation(Shelf(tmp_path), chat)
+    turn.handle({"event": "answer"})  # no message: an empty answer, not "None"
+    assert chat == [{"role": "assistant", "content": ""}] and turn.answer == "" and turn.outcome == "answered"
     turn.handle({"event": "answer", "message": "only an answer"})
     assert chat == [{"role": "assistant", "content": "only an answer"}] and turn.history_entry() == "only an answer"
     turn.handle({"event": "error", "error": {"message": "the LLM\nis down"}})

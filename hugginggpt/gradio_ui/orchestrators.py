@@ -175,10 +175,13 @@ class InProcess:
 class Remote:
     """A running orchestrator (`awesome_chat.py --mode server`) over HTTP: POST /hugginggpt with `stream: true`."""
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0, stream_idle: float = 60.0):
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
+        # The server writes a keep-alive comment every 10 s while a request works: a stream silent for six of
+        # them is an orchestrator (or a proxy) that hangs, and the visitor is told rather than left waiting.
+        self.stream_idle = stream_idle
         self.files = Path(tempfile.mkdtemp(prefix="hugginggpt-gradio-"))
         self.needs_llm_settings = False
 
@@ -224,7 +227,7 @@ class Remote:
         def work() -> None:
             try:
                 with requests.post(self.url + "/hugginggpt", json=body, headers=self.headers, stream=True,
-                                   timeout=(self.timeout, 600)) as resp:
+                                   timeout=(self.timeout, self.stream_idle)) as resp:
                     holder["resp"] = resp
                     if run.cancelled.is_set():
                         return
@@ -233,12 +236,10 @@ class Remote:
                         return
                     for event in sse_events(resp.iter_lines(decode_unicode=True)):
                         run.put(event)
-            except requests.RequestException as exc:
+            # AttributeError, ValueError, OSError: what reading a stream that cancel() closed under us raises
+            except (requests.RequestException, AttributeError, ValueError, OSError) as exc:
                 if not run.cancelled.is_set():
                     run.put(error_event(f"lost the orchestrator at {self.url} ({exc.__class__.__name__})"))
-            except (AttributeError, ValueError, OSError):  # the stream closed under us by cancel()
-                if not run.cancelled.is_set():
-                    run.put(error_event("the orchestrator's stream broke off"))
             finally:
                 run.put(None)
 
@@ -273,24 +274,27 @@ class Remote:
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    """`event:`/`data:` blocks → the JSON objects the server sent (comments and `done` skipped)."""
+    """`event:`/`data:` blocks → the JSON objects the server sent. `done`, comments (`: keep-alive`), other
+    fields and data that is no JSON object are skipped; JSON itself ignores the space after `data:`."""
     name, data = None, []
     for line in lines:
         if line is None:
             continue
         if not line:
-            if name and name != "done" and data:
-                try:
-                    event = json.loads("\n".join(data))
-                except ValueError:
-                    event = None
-                if isinstance(event, dict):
-                    event.setdefault("event", name)
-                    yield event
+            event = _json_object("\n".join(data)) if name and name != "done" else None
+            if event is not None:
+                event.setdefault("event", name)
+                yield event
             name, data = None, []
-        elif line.startswith(":"):
-            continue
         elif line.startswith("event:"):
             name = line[6:].strip()
         elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
+            data.append(line[5:])
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
