@@ -730,11 +730,13 @@ class StandInEngine:
         self.hold: threading.Event | None = None  # set: the run hands its request state over only once it opens
         self.events: list[dict[str, Any]] = []  # sent after the plan
         self.pause: threading.Event | None = None  # set: the run ends only once it opens (after its events)
+        self.asked: list[tuple[str, str]] = []  # (request id, mode) of each run
 
     def llm_for(self, request) -> None:
         return None
 
     def run(self, request, mode, on_event, state_ready):
+        self.asked.append((request.request_id, mode))
         if self.hold is not None:
             self.hold.wait(5)
         state = SimpleNamespace(cancelled=False)
@@ -766,7 +768,11 @@ def test_in_process_a_failed_run_says_why_in_one_line_and_gives_its_slot_back(tm
     broken = stand_in(tmp_path, KeyError("boom"))
     assert [e for e in broken.start([{"role": "user", "content": "x"}], VisitorLLM())][-1] == error_event(
         "internal error (KeyError); see the app's log")
-    assert "request failed" in caplog.text
+    (request_id, mode), = broken.engine.asked
+    assert mode == "answer"  # the full run: plan, models, results and the answer, as POST /hugginggpt
+    failed = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in failed] == [f"[{request_id}] request failed"]  # the trace, found by its id
+    assert failed[0].exc_info[0] is KeyError
     wait_until(lambda: broken.engine.admission._value == 2, timeout=5)
     cancelled = stand_in(tmp_path, {"cancelled": True})
     assert [e["event"] for e in cancelled.start([{"role": "user", "content": "x"}], VisitorLLM())] == ["plan",
