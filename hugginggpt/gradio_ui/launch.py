@@ -79,13 +79,17 @@ class DemoStack:
         self.stop()
         raise StartError("the offline demo stack did not start: " + (seen[-1] if seen else "no output"))
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 60.0) -> None:
+        """SIGTERM, for the stack to stop its servers in order; past `grace`, SIGKILL to its whole session (its
+        own process group), so no models server is left holding the port or the GPU."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # it ended in between
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, dict[str, Any]]:
