@@ -1655,6 +1655,50 @@ def test_on_a_running_orchestrator_the_launcher_checks_it_and_cleans_up(stand_in
             launch.orchestrator_for(launch.parse_args(["--server", url]), stack)
 
 
+def test_without_an_llm_the_launcher_starts_the_demo_stack_and_checks_it_answers(tmp_path, monkeypatch, capsys,
+                                                                                   stand_in_server):
+    """No LLM in the config and none in the environment: the offline demo stack (tools/demo.py, here one that
+    says it is ready on the URL the test gives) is started, its orchestrator checked, and both stopped and
+    removed with the launcher. A stack that says ready and does not answer is a one-line start error."""
+    import contextlib
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = tmp_path / "keyless.yaml"
+    config.write_text("inference_mode: huggingface\n")
+    (tmp_path / "tools").mkdir()
+    demo = tmp_path / "tools" / "demo.py"
+    monkeypatch.setattr(launch, "ROOT", tmp_path)
+    for url, answers in ((stand_in_server.url, True), (dead_url(), False)):
+        demo.write_text("import os, time\nopen('demo.pid', 'w').write(str(os.getpid()))\n"
+                        f"print('demo ready: {url}/  (Ctrl-C stops it)', flush=True)\ntime.sleep(60)\n")
+        with contextlib.ExitStack() as stack:
+            if answers:
+                remote, options = launch.orchestrator_for(launch.parse_args(["--config", str(config)]), stack)
+                assert isinstance(remote, Remote) and remote.url == url and remote.files.is_dir()
+                assert stand_in_server.seen[-1]["path"] == "/health"
+                assert options["note"].startswith("**Offline demo**: a scripted LLM")
+                assert Path(f"/proc/{(tmp_path / 'demo.pid').read_text()}").exists()  # serving until the launcher stops
+            else:
+                with pytest.raises(launch.StartError, match=f"^cannot reach the orchestrator at {url} \\(ConnectionError\\)$"):
+                    launch.orchestrator_for(launch.parse_args(["--config", str(config)]), stack)
+        assert not Path(f"/proc/{(tmp_path / 'demo.pid').read_text()}").exists()  # stopped with the launcher
+        if answers:
+            assert not remote.files.exists()
+    err = capsys.readouterr().err
+    assert err.count("no LLM configured (the config names no LLM backend and OPENAI_API_KEY is not set); "
+                     "starting the offline demo stack") == 2
+
+
+def test_the_page_answers_only_with_a_200_within_its_time(stand_in_server):
+    assert launch.page_answers(stand_in_server.url + "/health", seconds=5) is True
+    started = time.monotonic()
+    assert launch.page_answers(stand_in_server.url + "/nothing/here", seconds=0.5) is False  # 404: not the page
+    assert launch.page_answers(dead_url() + "/", seconds=0.5) is False
+    assert 1.0 <= time.monotonic() - started < 5  # each tried until its time is up, then no longer
+    stand_in_server.health_status = 503
+    assert launch.page_answers(stand_in_server.url + "/health", seconds=0) is False
+
+
 def test_the_launcher_runs_the_engine_in_process_on_a_config_with_an_llm(tmp_path, llm, models_server, public_dir, capsys):
     import contextlib
 

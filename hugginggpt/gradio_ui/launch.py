@@ -97,16 +97,13 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
     from ..config import load_config
     from ..errors import ConfigError, NoLLMConfigured
     from ..logs import setup_logging
-    from .orchestrators import InProcess, Remote, UserError
+    from .orchestrators import InProcess, Remote
 
     options: dict[str, Any] = {"allowed_paths": [str(ROOT / "public" / "examples")]}
     if args.server:
         remote = Remote(args.server, args.token)
         stack.callback(_remove, remote.files)
-        try:
-            remote.check()
-        except UserError as exc:
-            raise StartError(str(exc)) from None
+        _check(remote)
         return remote, options
     try:
         try:
@@ -130,7 +127,7 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
         stack.callback(demo.stop)  # before waiting: a Ctrl-C while it starts stops it too
         remote = Remote(demo.wait())
         stack.callback(_remove, remote.files)
-        remote.check()
+        _check(remote)  # ready, it said: a stack that does not answer is a start error too, in one line
         options["note"] = ("**Offline demo**: a scripted LLM always plans the same four tasks, run by tiny "
                            "random-weight models (the pictures are noise). Add an LLM for real answers.")
         return remote, options
@@ -149,15 +146,38 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
     return InProcess(engine, config), options
 
 
+def _check(remote) -> None:
+    from .orchestrators import UserError
+
+    try:
+        remote.check()
+    except UserError as exc:
+        raise StartError(str(exc)) from None
+
+
 def _remove(folder: Path) -> None:
     import shutil
 
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def serve(args: argparse.Namespace, started: float) -> int:
+def page_answers(url: str, seconds: float) -> bool:
+    """Whether GET `url` answers 200 within about `seconds` (each try waits at most 2 s more)."""
     import requests
 
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def serve(args: argparse.Namespace, started: float) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Importing Gradio takes seconds: do it while the engine loads (or the demo stack starts).
@@ -186,13 +206,8 @@ def serve(args: argparse.Namespace, started: float) -> int:
             raise StartError(f"cannot serve on port {args.port or 7860}: {str(exc).splitlines()[0]}") from None
         stack.callback(demo.close)
         url = demo.local_url.rstrip("/")
-        for _ in range(100):  # launch returned; say the URL once the page itself answers
-            try:
-                if requests.get(url + "/", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
+        if not page_answers(url + "/", seconds=10):  # launch returned: "ready" only once the page itself answers
+            raise StartError(f"the app does not answer at {url}/")
         print(f"HuggingGPT Gradio app ready: {url}/  (started in {time.perf_counter() - started:.1f} s; "
               "Ctrl-C stops it)", flush=True)
         try:
