@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -584,18 +585,18 @@ def test_a_run_ends_once_and_a_cancel_stops_its_work_once():
     run.cancel()  # twice: one stop, one "cancelled"
     run.put({"event": "answer"})
     run.put(None)
-    assert list(run) == [{"event": "plan"}, {"event": "cancelled"}] and stops == [1]
+    assert events_of(run) == [{"event": "plan"}, {"event": "cancelled"}] and stops == [1]
     assert run.finished.is_set() and run.cancelled.is_set()
     done = Run()
     done._stop = lambda: stops.append(2)
     done.put({"event": "answer"})
     done.put(None)
-    assert list(done) == [{"event": "answer"}] and done.finished.is_set()
+    assert events_of(done) == [{"event": "answer"}] and done.finished.is_set()
     done.cancel()  # after its end: nothing to stop
     assert stops == [1] and not done.cancelled.is_set() and done.events.empty()
     bare = Run()  # no work attached yet
     bare.cancel()
-    assert list(bare) == [{"event": "cancelled"}]
+    assert events_of(bare) == [{"event": "cancelled"}]
 
 
 def test_server_sent_events_become_the_objects_the_server_sent():
@@ -606,6 +607,17 @@ def test_server_sent_events_become_the_objects_the_server_sent():
              ": data: {}", "event: commented", "", "event: unended", 'data: {"y": 2}']
     assert list(sse_events(iter(lines))) == [{"tasks": [1, 2], "event": "plan"}, {"event": "kept", "message": "hi"},
                                              {"x": 1, "event": "spaced"}]
+
+
+def events_of(run: Iterable[dict[str, Any]], seconds: float = 10) -> list[dict[str, Any]]:
+    """A run's events until it ends. A run that does not end within `seconds` fails the test (a page waiting
+    forever, as a visitor would see it), never hangs the suite."""
+    events: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: [events.append(e) for e in run], daemon=True)
+    reader.start()
+    reader.join(seconds)
+    assert not reader.is_alive(), f"the run did not end within {seconds} s; its events so far: {events}"
+    return events
 
 
 # == orchestrators.py: InProcess, on the real engine ===================================================================
@@ -675,7 +687,7 @@ def test_in_process_a_run_streams_the_engines_events_and_gives_its_slot_back(in_
     llm.on("parse_task", CLASSIFY_RED, contains="classify the red one")
     run = in_process.start([{"role": "user", "content": "classify the red one"}], VisitorLLM())
     assert not slot_free(in_process.engine)
-    events = list(run)
+    events = events_of(run)
     names = [e["event"] for e in events]
     assert names[0] == "plan" and names[-1] == "answer"
     assert {"model_selected", "task_started", "task_finished"} <= set(names)
@@ -762,11 +774,11 @@ def stand_in(tmp_path: Path, outcome: Any, **llm) -> InProcess:
 
 def test_in_process_a_failed_run_says_why_in_one_line_and_gives_its_slot_back(tmp_path, caplog):
     failing = stand_in(tmp_path, BackendError("the models server is down"))
-    assert [e for e in failing.start([{"role": "user", "content": "x"}], VisitorLLM())] == [
+    assert events_of(failing.start([{"role": "user", "content": "x"}], VisitorLLM())) == [
         {"event": "plan", "tasks": []}, error_event("the models server is down")]
     wait_until(lambda: failing.engine.admission._value == 2, timeout=5)
     broken = stand_in(tmp_path, KeyError("boom"))
-    assert [e for e in broken.start([{"role": "user", "content": "x"}], VisitorLLM())][-1] == error_event(
+    assert events_of(broken.start([{"role": "user", "content": "x"}], VisitorLLM()))[-1] == error_event(
         "internal error (KeyError); see the app's log")
     (request_id, mode), = broken.engine.asked
     assert mode == "answer"  # the full run: plan, models, results and the answer, as POST /hugginggpt
@@ -775,10 +787,10 @@ def test_in_process_a_failed_run_says_why_in_one_line_and_gives_its_slot_back(tm
     assert failed[0].exc_info[0] is KeyError
     wait_until(lambda: broken.engine.admission._value == 2, timeout=5)
     cancelled = stand_in(tmp_path, {"cancelled": True})
-    assert [e["event"] for e in cancelled.start([{"role": "user", "content": "x"}], VisitorLLM())] == ["plan",
+    assert [e["event"] for e in events_of(cancelled.start([{"role": "user", "content": "x"}], VisitorLLM()))] == ["plan",
                                                                                                       "cancelled"]
     answered = stand_in(tmp_path, {"message": "fine"})
-    assert [e["event"] for e in answered.start([{"role": "user", "content": "x"}], VisitorLLM())] == ["plan"]
+    assert [e["event"] for e in events_of(answered.start([{"role": "user", "content": "x"}], VisitorLLM()))] == ["plan"]
     assert answered.needs_llm_settings is True
     assert stand_in(tmp_path, None, api_type="openai").needs_llm_settings is False
     assert stand_in(tmp_path, None, api_key="k").needs_llm_settings is False
@@ -791,12 +803,12 @@ def test_in_process_cancel_reaches_the_engines_request(tmp_path):
     run = orchestrator.start([{"role": "user", "content": "x"}], VisitorLLM())
     run.cancel()  # before the engine has a request state: it is cancelled as soon as it has one
     engine.hold.set()
-    assert list(run) == [{"event": "cancelled"}]
+    assert events_of(run) == [{"event": "cancelled"}]
     wait_until(lambda: engine.admission._value == 2, timeout=5)
     assert engine.states[0].cancelled is True
     engine.hold = None
     done = orchestrator.start([{"role": "user", "content": "x"}], VisitorLLM())
-    assert list(done) == [{"event": "plan", "tasks": []}]
+    assert events_of(done) == [{"event": "plan", "tasks": []}]
     assert engine.states[1].cancelled is False  # a run left alone is never cancelled
     held = orchestrator.start([{"role": "user", "content": "x"}], VisitorLLM())
     wait_until(lambda: len(engine.states) == 3, timeout=5)
@@ -961,7 +973,7 @@ def test_remote_runs_stream_the_servers_events_with_the_visitors_settings(stand_
                               "event: answer", 'data: {"message": "hi"}', "", "event: done", "data: {}", ""]
     remote = Remote(stand_in_server.url, token="t-3")
     run = remote.start([{"role": "user", "content": "hello"}], VisitorLLM(api_key="k", api_type="local"))
-    assert list(run) == [{"event": "plan", "tasks": []}, {"event": "answer", "message": "hi"}]
+    assert events_of(run) == [{"event": "plan", "tasks": []}, {"event": "answer", "message": "hi"}]
     seen = stand_in_server.seen[-1]
     assert seen["auth"] == "Bearer t-3"
     assert seen["json"] == {"messages": [{"role": "user", "content": "hello"}], "stream": True, "api_key": "k",
@@ -971,15 +983,15 @@ def test_remote_runs_stream_the_servers_events_with_the_visitors_settings(stand_
 def test_remote_runs_end_in_one_line_when_the_server_refuses_breaks_off_or_is_gone(stand_in_server):
     stand_in_server.stream_status = 429
     remote = Remote(stand_in_server.url)
-    assert list(remote.start([{"role": "user", "content": "x"}], VisitorLLM())) == [error_event("scripted refusal")]
+    assert events_of(remote.start([{"role": "user", "content": "x"}], VisitorLLM())) == [error_event("scripted refusal")]
     stand_in_server.stream_status = 200
     stand_in_server.stream = ["event: plan", 'data: {"tasks": []}', ""]
     stand_in_server.stream_break = True
-    events = list(remote.start([{"role": "user", "content": "x"}], VisitorLLM()))
+    events = events_of(remote.start([{"role": "user", "content": "x"}], VisitorLLM()))
     assert events == [{"tasks": [], "event": "plan"},
                       error_event(f"lost the orchestrator at {stand_in_server.url} (ChunkedEncodingError)")]
     url = dead_url()
-    assert list(Remote(url).start([{"role": "user", "content": "x"}], VisitorLLM())) == [
+    assert events_of(Remote(url).start([{"role": "user", "content": "x"}], VisitorLLM())) == [
         error_event(f"lost the orchestrator at {url} (ConnectionError)")]
 
 
@@ -1018,7 +1030,7 @@ def test_remote_cancel_closes_the_stream_so_the_server_stops(stand_in_server):
     assert next(events) == {"tasks": [], "event": "plan"}
     started = time.monotonic()
     run.cancel()
-    assert list(events) == [{"event": "cancelled"}] and time.monotonic() - started < 3
+    assert events_of(events, seconds=3) == [{"event": "cancelled"}] and time.monotonic() - started < 3
     assert stand_in_server.stream_ended.wait(3), "the server's stream went on after the cancel"
 
 
@@ -1079,7 +1091,7 @@ def test_remote_on_the_projects_own_server(tmp_path, llm, models, models_server,
         with pytest.raises(UserError, match="token"):
             Remote(server.url, token="wrong").upload(picture, "up.png")
         llm.on("parse_task", DRAW_FOX, contains="draw a remote unit fox")
-        events = list(remote.start([{"role": "user", "content": "draw a remote unit fox"}], VisitorLLM()))
+        events = events_of(remote.start([{"role": "user", "content": "draw a remote unit fox"}], VisitorLLM()))
         assert events[0]["event"] == "plan" and events[-1]["event"] == "answer"
         [made] = files_of(next(e for e in events if e["event"] == "task_finished")["result"])
         local = remote.local_file(made)
