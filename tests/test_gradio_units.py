@@ -1631,23 +1631,23 @@ def test_a_demo_stack_that_ignores_sigterm_is_killed_with_everything_it_started(
     stack = fake_stack("trap '' TERM; sleep 60 & echo \"server $!\"; echo 'demo ready: http://127.0.0.1:8124/ x'; wait")
     try:
         assert stack.wait(timeout=10) == "http://127.0.0.1:8124"
+        server = int(re.fullmatch(r"  server (\d+)\n", capsys.readouterr().err).group(1))
         stopper = threading.Thread(target=stack.stop, kwargs={"grace": 0.5}, daemon=True)
         stopper.start()
         stopper.join(5)
         assert not stopper.is_alive(), "stop() waits on past its grace"
+        assert stack.proc.returncode == -signal.SIGKILL
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # dead, unreaped
+            except FileNotFoundError:
+                return True
+
+        wait_until(gone, timeout=5, what="the stack's own child to be killed with it")
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(stack.proc.pid, signal.SIGKILL)  # whatever happened, nothing of it outlives the test
-    assert stack.proc.returncode == -signal.SIGKILL
-    server = int(re.fullmatch(r"  server (\d+)\n", capsys.readouterr().err).group(1))
-
-    def gone() -> bool:
-        try:
-            return Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # dead, unreaped
-        except FileNotFoundError:
-            return True
-
-    wait_until(gone, timeout=5, what="the stack's own child to be killed with it")
+            os.killpg(stack.proc.pid, signal.SIGKILL)  # whatever failed above, nothing of it outlives the test
 
 
 def test_on_a_running_orchestrator_the_launcher_checks_it_and_cleans_up(stand_in_server):
