@@ -1650,6 +1650,21 @@ def test_a_demo_stack_that_ignores_sigterm_is_killed_with_everything_it_started(
             os.killpg(stack.proc.pid, signal.SIGKILL)  # whatever failed above, nothing of it outlives the test
 
 
+def test_a_demo_stack_that_stops_in_order_is_given_the_time_to(tmp_path):
+    """SIGTERM first: a stack that takes a second to stop its servers (within the grace) ends by itself, with
+    its own exit code, and is not killed."""
+    stopped = tmp_path / "stopped in order"
+    stack = fake_stack(f"trap 'sleep 1; touch \"{stopped}\"; exit 0' TERM; echo 'demo ready: http://127.0.0.1:8125/ x'; "
+                       "sleep 60 & wait")
+    try:
+        assert stack.wait(timeout=10) == "http://127.0.0.1:8125"
+        stack.stop(grace=10)
+        assert stack.proc.returncode == 0 and stopped.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stack.proc.pid, signal.SIGKILL)
+
+
 def test_on_a_running_orchestrator_the_launcher_checks_it_and_cleans_up(stand_in_server):
     import contextlib
 
