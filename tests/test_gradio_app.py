@@ -49,12 +49,17 @@ class App:
         return self.log.read_text(errors="replace")
 
 
-def start_app(folder: Path, *args: str) -> App:
+def start_app(folder: Path, *args: str, tmpdir: Path | None = None) -> App:
+    """run_gradio_demo.py on a free port, without an OpenAI key from the environment; `tmpdir`: its TMPDIR (and
+    its children's), to see what it leaves there."""
     log = folder / f"app-{time.monotonic_ns()}.log"
     started = time.perf_counter()
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     proc = subprocess.Popen([sys.executable, str(ROOT / "run_gradio_demo.py"), "--port", str(free_port()),
                              "--verbose", *args], cwd=folder, stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
-                            env={k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"})
+                            env=env)
     line = proc.stdout.readline()  # printed only once the app answers
     match = READY.match(line)
     if not match:
@@ -293,8 +298,9 @@ def test_on_a_running_orchestrator_the_app_streams_and_cancels_over_sse(remote_a
 
 def test_with_no_llm_configured_it_opens_on_the_offline_demo_stack(tmp_path):
     """`python run_gradio_demo.py` on a fresh clone: no key anywhere, so the scripted LLM and tiny models serve it."""
-    before = set(Path("/tmp").glob("hugginggpt-demo-*")) | set(Path("/tmp").glob("hugginggpt-gradio-*"))
-    app = start_app(tmp_path, "--config", str(ROOT / "configs" / "config.gradio.yaml"))
+    temp = tmp_path / "tmp"  # its own: other programs' folders in /tmp are no concern of this test's
+    temp.mkdir()
+    app = start_app(tmp_path, "--config", str(ROOT / "configs" / "config.gradio.yaml"), tmpdir=temp)
     print(f"\noffline demo app started in {app.seconds:.1f} s")
     try:
         ask = 'Draw a red fox, show its edges, classify it and read "a red fox" aloud'  # the demo planner's words
@@ -305,11 +311,11 @@ def test_with_no_llm_configured_it_opens_on_the_offline_demo_stack(tmp_path):
         assert "offline demo" in texts(chat)[-1]
         kinds = sorted(Path(f["file"]).suffix for f in files(chat))
         assert kinds == [".png", ".png", ".wav"]
+        assert sorted(p.name.split("-")[1] for p in temp.glob("hugginggpt-*")) == ["demo", "gradio"]  # while it runs
     finally:
         out = stop_app(app)
     assert app.proc.returncode == 0 and "app stopped" in out
-    after = set(Path("/tmp").glob("hugginggpt-demo-*")) | set(Path("/tmp").glob("hugginggpt-gradio-*"))
-    assert after <= before  # the demo stack and the app's download folder are gone
+    assert sorted(p.name for p in temp.glob("hugginggpt-*")) == []  # the demo stack and the app's downloads: gone
 
 
 def test_it_will_not_start_on_an_orchestrator_it_cannot_reach(tmp_path):
