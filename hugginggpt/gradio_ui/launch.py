@@ -61,6 +61,7 @@ class DemoStack:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(free_port())],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                      start_new_session=True)
+        self.stopped = False
 
     def wait(self, timeout: float = 600.0) -> str:
         """The orchestrator's URL once the stack says it is ready."""
@@ -80,16 +81,20 @@ class DemoStack:
         raise StartError("the offline demo stack did not start: " + (seen[-1] if seen else "no output"))
 
     def stop(self, grace: float = 60.0) -> None:
-        """SIGTERM, for the stack to stop its servers in order; past `grace`, SIGKILL to its whole session (its
-        own process group), so no models server is left holding the port or the GPU."""
+        """SIGTERM, for the stack to stop its servers in order; past `grace`, or once it has ended, SIGKILL to
+        whatever is left of its session (its own process group): no models server it started outlives it,
+        holding the port or the GPU, even when the stack itself failed to stop it. Once: later calls do nothing
+        (its process id may since name another group)."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):  # it ended in between
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # nothing left of it
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, dict[str, Any]]:
@@ -146,7 +151,7 @@ def orchestrator_for(args: argparse.Namespace, stack: contextlib.ExitStack) -> t
     return InProcess(engine, config), options
 
 
-def _check(remote) -> None:
+def _check(remote: Any) -> None:
     from .orchestrators import UserError
 
     try:
@@ -162,7 +167,8 @@ def _remove(folder: Path) -> None:
 
 
 def page_answers(url: str, seconds: float) -> bool:
-    """Whether GET `url` answers 200 within about `seconds` (each try waits at most 2 s more)."""
+    """Whether GET `url` answers 200 within `seconds` (a try under way when they end runs to its own 2 s
+    connect and 2 s read timeouts)."""
     import requests
 
     deadline = time.monotonic() + seconds

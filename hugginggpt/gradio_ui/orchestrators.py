@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import requests
+from urllib3.exceptions import ReadTimeoutError
 
 from ..errors import BadRequest, HuggingGPTError
 
@@ -237,14 +238,22 @@ class Remote:
                     for event in sse_events(resp.iter_lines(decode_unicode=True)):
                         run.put(event)
             # AttributeError, ValueError, OSError: what reading a stream that cancel() closed under us raises
-            except (requests.RequestException, AttributeError, ValueError, OSError) as exc:
+            except (AttributeError, ValueError, OSError) as exc:  # requests' errors are OSErrors too
                 if not run.cancelled.is_set():
-                    run.put(error_event(f"lost the orchestrator at {self.url} ({exc.__class__.__name__})"))
+                    log.debug("the orchestrator's stream ended with an error", exc_info=True)
+                    run.put(error_event(self._lost(exc)))
             finally:
                 run.put(None)
 
         threading.Thread(target=work, name="gradio-remote", daemon=True).start()
         return run
+
+    def _lost(self, exc: BaseException) -> str:
+        # a late answer (requests' ReadTimeout) and a stream silent after it (its ConnectionError) both carry
+        # urllib3's ReadTimeoutError
+        if exc.args and isinstance(exc.args[0], ReadTimeoutError):
+            return f"the orchestrator at {self.url} sent nothing for {self.stream_idle:g} s"
+        return f"lost the orchestrator at {self.url} ({exc.__class__.__name__})"
 
     def local_file(self, path: str) -> Path | None:
         """Download a generated file once, into this app's own temporary folder (bounded in size)."""
