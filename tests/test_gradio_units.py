@@ -1071,6 +1071,42 @@ def test_remote_a_file_past_the_download_limit_is_not_kept(stand_in_server):
         shutil.rmtree(remote.files)
 
 
+def test_remote_a_download_without_end_or_gone_silent_is_given_up_and_logged(stand_in_server, caplog, monkeypatch):
+    """A file that never ends is read as a stream and cut at the limit (never held whole in memory); one whose
+    sender falls silent is given up after the timeout. Each is logged with its path and why, and left nowhere."""
+    from hugginggpt.gradio_ui import orchestrators
+
+    monkeypatch.setattr(orchestrators, "MAX_DOWNLOAD_BYTES", 1024 * 1024)
+
+    def endless():
+        while True:
+            yield bytes(64 * 1024)
+            time.sleep(0.002)  # about 30 MB/s: a download read whole would grow without end
+
+    def stalled():
+        yield b"start"
+        time.sleep(5)
+        yield b"end"
+
+    stand_in_server.files["/videos/endless.mp4"] = endless
+    stand_in_server.files["/videos/stalled.mp4"] = stalled
+    remote = Remote(stand_in_server.url, timeout=0.5)
+    got: dict[str, Any] = {}
+    try:
+        reader = threading.Thread(target=lambda: got.update(
+            endless=remote.local_file("/videos/endless.mp4"), stalled=remote.local_file("/videos/stalled.mp4")),
+            daemon=True)
+        reader.start()
+        reader.join(10)
+        assert got == {"endless": None, "stalled": None}
+        assert list(remote.files.iterdir()) == []
+    finally:
+        shutil.rmtree(remote.files)
+    assert [r.getMessage() for r in caplog.records if r.name == "hugginggpt.gradio_ui.orchestrators"] == [
+        "could not fetch /videos/endless.mp4 from the orchestrator (larger than 1.0 MiB)",
+        "could not fetch /videos/stalled.mp4 from the orchestrator (ConnectionError)"]
+
+
 def test_remote_a_refused_download_leaves_nothing_on_disk(stand_in_server):
     stand_in_server.files["/videos/over.mp4"] = lambda: iter([bytes(MAX_DOWNLOAD_BYTES), b"!"])
     remote = Remote(stand_in_server.url)

@@ -272,14 +272,18 @@ class Remote:
                     for chunk in resp.iter_content(65536):
                         size += len(chunk)
                         if size > MAX_DOWNLOAD_BYTES:
-                            raise BadRequest("generated file too large")
+                            raise BadRequest(f"larger than {size_text(MAX_DOWNLOAD_BYTES)}")
                         out.write(chunk)
                 partial.replace(target)
-        except (requests.RequestException, BadRequest, OSError):
-            log.warning("could not fetch %s from the orchestrator", path)
-            partial.unlink(missing_ok=True)  # a refused or broken download leaves nothing behind
-            return None
-        return target
+        except BadRequest as exc:
+            why = str(exc)
+        except OSError as exc:  # requests' errors are OSErrors too
+            why = exc.__class__.__name__
+        else:
+            return target
+        log.warning("could not fetch %s from the orchestrator (%s)", path, why)
+        partial.unlink(missing_ok=True)  # a refused or broken download leaves nothing behind
+        return None
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
