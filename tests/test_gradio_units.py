@@ -15,6 +15,7 @@ import contextlib
 import copy
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -806,6 +807,10 @@ def test_in_process_cancel_reaches_the_engines_request(tmp_path):
     engine = orchestrator.engine
     engine.hold = threading.Event()
     run = orchestrator.start([{"role": "user", "content": "x"}], VisitorLLM())
+    wait_until(lambda: engine.asked, timeout=5)
+    # its work on a thread named for its request (a thread dump says whose it is), never holding up the exit
+    [worker] = [t for t in threading.enumerate() if t.name == f"gradio-{engine.asked[0][0]}"]
+    assert worker.daemon
     run.cancel()  # before the engine has a request state: it is cancelled as soon as it has one
     engine.hold.set()
     assert run_events(run) == [{"event": "cancelled"}]
@@ -989,14 +994,18 @@ def test_remote_runs_stream_the_servers_events_with_the_visitors_settings(stand_
                             "api_type": "local"}
 
 
-def test_remote_runs_end_in_one_line_when_the_server_refuses_breaks_off_or_is_gone(stand_in_server):
+def test_remote_runs_end_in_one_line_when_the_server_refuses_breaks_off_or_is_gone(stand_in_server, caplog):
     stand_in_server.stream_status = 429
     remote = Remote(stand_in_server.url)
     assert run_events(remote.start([{"role": "user", "content": "x"}], VisitorLLM())) == [error_event("scripted refusal")]
     stand_in_server.stream_status = 200
     stand_in_server.stream = ["event: plan", 'data: {"tasks": []}', ""]
     stand_in_server.stream_break = True
+    caplog.set_level(logging.DEBUG, logger="hugginggpt.gradio_ui.orchestrators")
     events = run_events(remote.start([{"role": "user", "content": "x"}], VisitorLLM()))
+    [lost] = [r for r in caplog.records if r.name == "hugginggpt.gradio_ui.orchestrators"]
+    assert lost.getMessage() == "the orchestrator's stream ended with an error" and lost.levelname == "DEBUG"
+    assert lost.exc_info[0].__name__ == "ChunkedEncodingError"  # the trace, for --verbose
     assert events == [{"tasks": [], "event": "plan"},
                       error_event(f"lost the orchestrator at {stand_in_server.url} (ChunkedEncodingError)")]
     url = dead_url()
@@ -1032,6 +1041,8 @@ def test_remote_cancel_closes_the_stream_so_the_server_stops(stand_in_server):
     run = Remote(stand_in_server.url).start([{"role": "user", "content": "x"}], VisitorLLM())
     events = iter(run)
     assert next(events) == {"tasks": [], "event": "plan"}
+    workers = [t for t in threading.enumerate() if t.name == "gradio-remote"]  # named, never holding up the exit
+    assert workers and all(t.daemon for t in workers)
     started = time.monotonic()
     run.cancel()
     assert run_events(events, seconds=3) == [{"event": "cancelled"}] and time.monotonic() - started < 3
@@ -1635,7 +1646,6 @@ def gone(pid: int) -> bool:
 def fake_stack(script: str) -> launch.DemoStack:
     """A DemoStack whose child is a shell script saying what tools/demo.py would (no servers)."""
     stack = launch.DemoStack.__new__(launch.DemoStack)
-    stack.stopped = False
     stack.proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, start_new_session=True)
     return stack
@@ -1649,6 +1659,8 @@ def test_the_demo_stacks_url_is_the_one_it_says_it_is_ready_on(capsys, tmp_path)
         assert stack.wait(timeout=10) == "http://127.0.0.1:8123"
         assert capsys.readouterr().err == "  building tiny models\n"
         assert stack.proc.poll() is None  # still serving
+        [drain] = [t for t in threading.enumerate() if t.name == "demo-stack-log"]
+        assert drain.daemon  # never holds up the launcher's exit
         # what the stack logs while it serves is read and dropped: a full pipe would stall its servers
         wait_until(marker.exists, timeout=10, what="the stack to write past a pipe's 64 KiB")
     finally:

@@ -61,7 +61,6 @@ class DemoStack:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tools" / "demo.py"), "--port", str(free_port())],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                      start_new_session=True)
-        self.stopped = False
 
     def wait(self, timeout: float = 600.0) -> str:
         """The orchestrator's URL once the stack says it is ready."""
@@ -73,7 +72,8 @@ class DemoStack:
                 break
             match = DEMO_READY.match(line)
             if match:
-                threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe drained
+                # keep its pipe drained (a full one would stall its servers), never holding up the exit
+                threading.Thread(target=self.proc.stdout.read, name="demo-stack-log", daemon=True).start()
                 return match.group(1)
             seen.append(line.rstrip())
             print(f"  {line.rstrip()}", file=sys.stderr, flush=True)
@@ -83,11 +83,7 @@ class DemoStack:
     def stop(self, grace: float = 60.0) -> None:
         """SIGTERM, for the stack to stop its servers in order; past `grace`, or once it has ended, SIGKILL to
         whatever is left of its session (its own process group): no models server it started outlives it,
-        holding the port or the GPU, even when the stack itself failed to stop it. Once: later calls do nothing
-        (its process id may since name another group)."""
-        if self.stopped:
-            return
-        self.stopped = True
+        holding the port or the GPU, even when the stack itself failed to stop it."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
