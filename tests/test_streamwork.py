@@ -5,6 +5,7 @@ a cancel cuts it within milliseconds)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -41,6 +42,28 @@ def test_the_slot_comes_back_when_the_response_and_the_work_are_both_done(work_e
         thread.join(10)
         assert ended.is_set() and not thread.is_alive()
     assert free(slots)
+
+
+def test_ended_waits_for_the_work_s_last_lines_then_the_slot_is_free_at_once():
+    """The stream calls `ended` once its last event is sent, while the work still runs its last lines: `ended`
+    waits for them, so the slot is free the moment it returns and a client that read the end and asks again at
+    once is not refused. A work never started has nothing to wait for."""
+    from hugginggpt.streamwork import StreamWork
+
+    slots = local_slots(1)
+    take(slots, 1)
+    last_event = threading.Event()
+
+    def body() -> None:
+        last_event.set()
+        time.sleep(0.3)  # the lines after its last event
+
+    work = StreamWork("r2")
+    work.start(body, ReleaseWhenAll(slots, "response"), "test-work")
+    assert last_event.wait(10)
+    work.ended()
+    assert free(slots), "ended() returned before the work had, with the slot still held"
+    StreamWork("r3").ended()
 
 
 def test_a_work_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
