@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 CONFIG ?= configs/config.default.yaml
 PORT   ?= 8004
 
-.PHONY: setup setup-ray run cli test demo mutate
+.PHONY: setup setup-ray run cli test demo mutate llm
 
 $(VENV)/.installed: requirements.txt requirements-models.txt requirements-dev.txt
 	python3 -m venv $(VENV)
@@ -35,6 +35,9 @@ run: setup
 
 cli: setup
 	HUGGINGGPT_VIA="make cli" $(PY) tools/start.py --config $(CONFIG) --mode cli
+
+llm: setup  # a small local LLM on llama.cpp for configs/config.llama.yaml (README "A local LLM on llama.cpp")
+	$(PY) tools/local_llm.py $(LLM_ARGS)
 
 demo: setup
 	HUGGINGGPT_VIA="make demo" $(PY) tools/demo.py --port $(PORT)

@@ -275,7 +275,8 @@ class HuggingGPT:
             try:
                 new = self.replanner.ask(state, state.planner_messages, state.plan_reply,
                                          f"{reason}.\nWhat ran so far: {self.replanner.context(plan, results)}",
-                                         finished, max(results) + 1, self.planner.chat_kwargs())
+                                         finished, max(results) + 1,
+                                         self.planner.chat_kwargs(state.llm.settings.api_type))
             except DeadlineExceeded:
                 return  # the deadline passed before or while the LLM replanned: answer with what finished, not a 504
             if new is None or invalid_tasks(new) or len(new.tasks) > self.config.max_tasks:

@@ -48,6 +48,7 @@ KNOWN_KEYS: dict[str, tuple[str, ...] | None] = {
         "upload_quota_mb", "max_image_pixels", "max_output_mb", "llm_timeout", "llm_max_retries",
         "max_context_tokens", "max_concurrent_requests", "http_threads", "http_workers", "structured_output",
         "choose_model", "choose_model_margin", "max_replans", "stream_plan", "planner_max_tokens", "max_tasks",
+        "planner_demos", "planner_demo_pool",
         "allowed_models", "denied_models",
         "discovered_models", "discovered_authors_allow", "discovered_authors_deny", "catalog_store",
         "catalog_refresh_hours", "http_connection_limit", "http_header_timeout", "http_read_timeout",
@@ -191,6 +192,8 @@ class Config:
     warnings: tuple[str, ...] = ()  # e.g. unknown keys; the entry points print them
     planner_max_tokens: int | None = None  # cap on the plan's length (a small model under a grammar may not stop)
     max_tasks: int = 32  # a plan with more tasks is refused at once (a runaway chain would hold the request)
+    planner_demos: int = 0  # demos picked per request from planner_demo_pool (0: only the fixed demos)
+    planner_demo_pool: Path | None = None  # {"request", "plan"} examples to pick from (demopick.py)
     allowed_models: tuple[str, ...] = ()  # model id patterns (fnmatch) selection may use; empty: any
     denied_models: tuple[str, ...] = ()  # model id patterns never used; wins over allowed_models
     stream_plan: bool = True  # read the plan as it streams and start final tasks at once
@@ -291,6 +294,14 @@ def _positive(data: dict, key: str, default: int, path: Path) -> int:
     value = _typed(data, key, int, default, path)
     if value < 0 or (value == 0 and _get(data, key) is not None):  # a dotted key's 0 too, not only a top-level one
         raise ConfigError(f"{path}: `{key}` must be a positive whole number, got {value!r}")
+    return value
+
+
+def _count(data: dict, key: str, default: int, path: Path) -> int:
+    """A whole number, 0 or more."""
+    value = _typed(data, key, int, default, path)
+    if value < 0:
+        raise ConfigError(f"{path}: `{key}` must be 0 or more, got {value!r}")
     return value
 
 
@@ -580,6 +591,8 @@ def _build(path: Path, data: dict, env: dict[str, str], need_llm: bool, unknown:
         stream_plan=_typed(data, "stream_plan", bool, True, path),
         planner_max_tokens=_positive(data, "planner_max_tokens", 0, path) or None,
         max_tasks=_positive(data, "max_tasks", 32, path),
+        planner_demos=_count(data, "planner_demos", 0, path),
+        planner_demo_pool=rel(pool) if (pool := _typed(data, "planner_demo_pool", str, "", path)) else None,
         allowed_models=_strings(data, "allowed_models", path),
         denied_models=_strings(data, "denied_models", path),
         choose_model_margin=_typed(data, "choose_model_margin", float, 0.01, path),

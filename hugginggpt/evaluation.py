@@ -4,6 +4,10 @@ The metrics follow TaskBench's `task_eval.py` in resource-dependency mode: node 
 (sample, tool) set items over all samples, tool names outside the 23 are dropped from node items, edges
 are rebuilt from `<node-j>` references in the arguments (self references skipped), and each score is one
 micro-F1 = 2TP / (2TP + FP + FN). A plan that cannot be read counts as an empty plan, never dropped.
+
+The parameter metrics are TaskBench's too: t-F1 pools "tool-type" items and v-F1 "tool-type-value" items,
+where a literal argument's type is read from its file extension (image, audio, video, else text) and a
+`<node-j>` argument's type is the output type of node j's tool and its value is that tool's name.
 """
 
 from __future__ import annotations
@@ -119,6 +123,45 @@ def edges_from_args(nodes: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return edges
 
 
+# TaskBench's `get_content_type`: an extension anywhere in the value names its type.
+CONTENT_TYPES = (("image", ("jpg", "png", "jpeg", "gif", "bmp", "tiff", "svg", "ico")),
+                 ("audio", ("mp3", "wav", "wma", "ogg", "aac", "flac", "aiff", "au")),
+                 ("video", ("mp4", "avi", "mov", "flv", "wmv", "mkv", "webm", "m4v", "mpg", "mpeg")))
+
+
+def content_type(value: str) -> str:
+    value = value.strip("'")
+    for kind, extensions in CONTENT_TYPES:
+        if any("." + ext in value for ext in extensions):
+            return kind
+    return "text"
+
+
+def parameters(nodes: list[dict[str, Any]], outputs: dict[str, list[str]]) -> tuple[set[str], set[str]]:
+    """The t-F1 and v-F1 items of one plan: {"tool-type"} and {"tool-type-value"} (self references skipped)."""
+    names = [str(n.get("task", "")).replace("_", " ") for n in nodes]
+    typed, valued = set(), set()
+    for i, node in enumerate(nodes):
+        for argument in node.get("arguments", []):
+            if isinstance(argument, dict):
+                argument = next(iter(argument.values()), "")
+            if isinstance(argument, list):
+                argument = " ".join(str(a) for a in argument)
+            argument = str(argument)
+            ref = NODE_REF.search(argument)
+            if ref:
+                j = int(ref.group(1))
+                if j == i or not 0 <= j < len(names):
+                    continue
+                kind = (outputs.get(names[j]) or ["none"])[0] if names[j] in outputs else "other"
+                value = names[j]
+            else:
+                kind, value = content_type(argument), argument
+            typed.add(f"{names[i]}-{kind}")
+            valued.add(f"{names[i]}-{kind}-{value}")
+    return typed, valued
+
+
 @dataclass
 class Tally:
     tp: int = 0
@@ -140,7 +183,10 @@ class Tally:
 class Scores:
     nodes: Tally = field(default_factory=Tally)
     edges: Tally = field(default_factory=Tally)
+    types: Tally = field(default_factory=Tally)  # t-F1
+    values: Tally = field(default_factory=Tally)  # v-F1
     samples: int = 0
+    parsed: int = 0
     valid: int = 0
 
     @property
@@ -148,15 +194,28 @@ class Scores:
         return self.valid / self.samples if self.samples else 0.0
 
 
+    @property
+    def parse_rate(self) -> float:
+        return self.parsed / self.samples if self.samples else 0.0
+
+
 def score(gold: list[dict[str, Any]], predicted: dict[str, list[dict[str, Any]]], valid: dict[str, bool],
-          tools: ToolSet) -> Scores:
-    """gold: sidecar rows (`id`, `gold_nodes`, `gold_links_from_args`); predicted: id -> TaskBench nodes."""
+          tools: ToolSet, parsed: dict[str, bool] | None = None,
+          gold_nodes_of: dict[str, list[dict[str, Any]]] | None = None) -> Scores:
+    """gold: sidecar rows (`id`, `gold_nodes`, `gold_links_from_args`); predicted: id -> TaskBench nodes.
+    gold_nodes_of: id -> the sample's gold `task_nodes`, for t-F1 and v-F1 (left at zero without it)."""
     scores = Scores()
     known = tools.names
     for row in gold:
         nodes = predicted.get(row["id"], [])  # missing = empty plan, counted
         scores.samples += 1
         scores.valid += bool(valid.get(row["id"]))
+        scores.parsed += bool((parsed or valid).get(row["id"]))
+        if gold_nodes_of is not None:
+            gold_types, gold_values = parameters(gold_nodes_of.get(row["id"], []), tools.outputs)
+            types, values = parameters(nodes, tools.outputs)
+            scores.types.add(gold_types, types)
+            scores.values.add(gold_values, values)
         gold_nodes = {n for n in row["gold_nodes"] if n in known}
         scores.nodes.add(gold_nodes, {n for n in node_names(nodes) if n in known})
         scores.edges.add({tuple(e) for e in row["gold_links_from_args"]}, edges_from_args(nodes))

@@ -21,6 +21,7 @@ from .catalog.health import Health
 from .choose import ready_to_start, selection_at_start
 from .config import Config
 from .errors import BackendError, ResourceError
+from .llm import stage_cap
 from .plan import Task
 from .request import RequestState, collect_result
 from .requestctx import ContextThreadPool
@@ -235,7 +236,8 @@ class Executor:
             f"Act as a {task.task} system with the arguments {JSON_AS_IS.encode(task.args)} and give "
             "only the result, as plain text without URLs."
         )
-        return state.llm.chat([{"role": "user", "content": prompt}])
+        return state.llm.chat([{"role": "user", "content": prompt}],
+                              max_tokens=stage_cap(state.llm.settings, "text_task"))
 
 
 def _keeper(state: RequestState, tid: int, before: list[dict[str, str]]) -> Callable[[list[dict[str, str]]], None]:

@@ -329,6 +329,10 @@ class LLMClient:
     def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float,
                         text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any], on_usage=None) -> str:
         options = {"timeout": timeout}
+        if on_token is None and self.settings.api_type == "local":
+            # A local server (llama.cpp's) stops generating only when a *streamed* client leaves: streamed, a
+            # call that times out or is cancelled frees the server at its next token instead of its last.
+            on_token = _ignore
         if on_token is None:
             resp = self._client.post(path, body=body, cast_to=object, options=options)
             choices = resp.get("choices") if isinstance(resp, dict) else None
@@ -386,6 +390,9 @@ class LLMClient:
             except openai.APITimeoutError:
                 if deadline is not None and time.monotonic() >= deadline - 0.05:
                     raise DeadlineExceeded(f"{self.describe} did not answer before the request's deadline") from None
+                if self.settings.api_type == "local":  # one request at a time there: a retry queues behind itself
+                    raise LLMError(f"{self.describe} timed out after {timeout:g}s (not retried: a local LLM server "
+                                   "runs one request at a time; raise llm_timeout for a slow machine)") from None
                 if tries >= self.settings.max_retries:
                     raise LLMError(f"{self.describe} timed out after {timeout:g}s") from None
                 wait = _backoff(tries)
@@ -462,6 +469,21 @@ class _ChunkStream(openai.Stream[object]):
                 yield data
         finally:
             self.response.close()
+
+
+# Token caps of the LLM stages on a local backend, sized to what each writes: a choice is one short JSON object,
+# an answer a few paragraphs. Such a server runs one request at a time and a reply with no cap can run to the
+# end of its context, holding everyone behind it. (The plan's cap follows from max_tasks: planner.py.)
+LOCAL_TOKEN_CAPS = {"choose_model": 160, "answer": 700, "chat": 500, "text_task": 500}
+
+
+def stage_cap(settings: LLMSettings, stage: str) -> int | None:
+    """The token cap of one stage's call: on a local backend LOCAL_TOKEN_CAPS, elsewhere none (the provider's)."""
+    return LOCAL_TOKEN_CAPS[stage] if settings.api_type == "local" else None
+
+
+def _ignore(piece: str) -> None:
+    """The token sink of a call streamed only so that the server notices when its caller leaves."""
 
 
 def _drain(events: Iterator[Any]) -> None:

@@ -50,6 +50,28 @@ ARG_ALIASES = {
     "audio_url": "audio", "speech": "audio", "sound": "audio", "prompt": "text", "input": "text",
     "question": "text", "sentence": "text", "query": "text",
 }
+# What each task makes, and the arguments it cannot run without: the types checked between a task's inputs and
+# what its dependencies make (a caption is text, so it cannot be an "image" argument).
+_VISION_IN = ("object-detection", "image-classification", "image-to-image", "image-to-text",
+              "visual-question-answering", "document-question-answering", "image-segmentation", "depth-estimation",
+              "tabular-classification", *(f"{c}-control" for c in CONTROLS),
+              *(f"{c}-text-to-image" for c in CONTROL_TEXT_TO_IMAGE))
+_AUDIO_IN = ("automatic-speech-recognition", "audio-to-audio", "audio-classification")
+MAKES: dict[str, frozenset[str]] = {
+    **{t: frozenset({"text"}) for t in TASK_TYPES},
+    **{t: frozenset({"image"}) for t in ("image-to-image", "text-to-image", "image-segmentation", "depth-estimation",
+                                          *(f"{c}-control" for c in CONTROLS),
+                                          *(f"{c}-text-to-image" for c in CONTROL_TEXT_TO_IMAGE))},
+    "object-detection": frozenset({"image", "text"}),  # the picture with its boxes drawn, and the labels
+    "text-to-video": frozenset({"video"}),
+    "text-to-speech": frozenset({"audio"}), "audio-to-audio": frozenset({"audio"}),
+}
+NEEDS: dict[str, str] = {
+    **{t: "image" for t in _VISION_IN}, **{t: "audio" for t in _AUDIO_IN},
+    **{t: "text" for t in ("token-classification", "text2text-generation", "summarization", "translation",
+                           "question-answering", "conversational", "text-generation", "sentence-similarity",
+                           "text-classification", "text-to-image", "text-to-video", "text-to-speech")},
+}
 GENERATED_RE = re.compile(r"<\s*generated\s*(?:>\s*)?-\s*(\d+)(?:\s*>)?", re.IGNORECASE)
 REF_RE = re.compile(r"<GENERATED>-(\d+)")
 
@@ -92,27 +114,37 @@ class Plan:
         return {t.id: t for t in self.tasks}
 
 
-def plan_json_schema() -> dict[str, Any]:
+def plan_json_schema(strict: bool = True, max_tasks: int | None = None) -> dict[str, Any]:
     """The plan as a JSON schema of our task vocabulary and argument kinds, for constrained decoding.
 
-    Written to OpenAI's strict rules (an object at the root, every property required, no extra keys;
-    absent arguments are null), which vLLM, llama.cpp server and Ollama accept too.
+    strict: OpenAI's rules (an object at the root, every property required, no extra keys; absent arguments
+    are null), which OpenAI, Azure and vLLM take. Not strict, for a local grammar (llama.cpp, Ollama): each
+    argument is optional and never null, and the list holds at most `max_tasks` tasks. A small model under the
+    strict schema fills all three arguments, often with a reference to its own task; under this one it writes
+    only the arguments the task takes, and the grammar itself ends a list that would run away.
     """
-    arg = {"type": ["string", "null"]}
+    if strict:
+        arg: dict[str, Any] = {"type": ["string", "null"]}
+        args = {"type": "object", "properties": {k: arg for k in ARG_KEYS}, "required": list(ARG_KEYS),
+                "additionalProperties": False}
+    else:
+        args = {"type": "object", "properties": {k: {"type": "string"} for k in ARG_KEYS},
+                "additionalProperties": False}
     task = {
         "type": "object",
         "properties": {
             "task": {"type": "string", "enum": list(TASK_TYPES)},
             "id": {"type": "integer"},
             "dep": {"type": "array", "items": {"type": "integer"}},
-            "args": {"type": "object", "properties": {k: arg for k in ARG_KEYS}, "required": list(ARG_KEYS),
-                     "additionalProperties": False},
+            "args": args,
         },
         "required": ["task", "id", "dep", "args"],
         "additionalProperties": False,
     }
-    return {"type": "object", "properties": {"tasks": {"type": "array", "items": task}}, "required": ["tasks"],
-            "additionalProperties": False}
+    tasks: dict[str, Any] = {"type": "array", "items": task}
+    if not strict and max_tasks:
+        tasks["maxItems"] = max_tasks
+    return {"type": "object", "properties": {"tasks": tasks}, "required": ["tasks"], "additionalProperties": False}
 
 
 class PlanParseError(ValueError):
@@ -323,6 +355,30 @@ def tasks_from_json(data: Any, finished: frozenset[int] = frozenset()) -> Plan:
     plan = fix_dep(plan, finished)
     check_graph(plan)
     return plan
+
+
+def kind_problems(plan: Plan) -> list[str]:
+    """Tasks that lack the input they run on, or whose `<GENERATED>-k` image or audio argument is something task
+    k does not make, each as a line for a repair round to show the planner. Advisory: such a task still runs as
+    written when no better plan comes back (a model may cope with it)."""
+    by_id = plan.by_id()
+    problems = []
+    for task in plan.tasks:
+        if task.error:
+            continue
+        need = NEEDS.get(task.task)
+        if need and not task.args.get(need):
+            problems.append(f"task {task.id} ({task.task}) needs a{'n' if need[0] in 'aeiou' else ''} {need} "
+                            "argument")
+            continue
+        for key in ("image", "audio"):
+            for ref in sorted({int(n) for n in REF_RE.findall(task.args.get(key, ""))}):
+                source = by_id.get(ref)
+                if source is not None and key not in MAKES.get(source.task, {key}):
+                    problems.append(f"task {task.id} ({task.task}): its {key} argument is <GENERATED>-{ref}, but "
+                                    f"task {ref} ({source.task}) makes {' or '.join(sorted(MAKES[source.task]))}, "
+                                    f"not an {key}")
+    return problems
 
 
 def parse_plan(text: str, finished: frozenset[int] = frozenset()) -> Plan:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
-from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, parse_plan, plan_json_schema
+from .llm import stage_cap
+from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, kind_problems, parse_plan, plan_json_schema
 from .planstream import EarlyTasks
 from .prompts import PromptSet
 from .replan import Replanner, invalid_tasks
@@ -21,6 +22,15 @@ from .request import RequestState
 from .select import control_task_fixup
 
 log = logging.getLogger(__name__)
+
+
+# Tokens a plan may take per task it may hold: a task line is about 30 tokens, plus a copied sentence or two.
+TOKENS_PER_TASK = 80
+
+
+def plan_token_cap(max_tasks: int) -> int:
+    """The longest plan worth reading: `max_tasks` tasks of TOKENS_PER_TASK, and the list's brackets."""
+    return TOKENS_PER_TASK * max_tasks + 16
 
 
 class PlanTooLarge(Exception):
@@ -51,12 +61,18 @@ class Planner:
         self.prompts = prompts
         self.replanner = replanner
 
-    def chat_kwargs(self) -> dict[str, Any]:
-        """How the planner is called (the first plan and every replan)."""
+    def chat_kwargs(self, api_type: str | None = None) -> dict[str, Any]:
+        """How the planner is called (the first plan and every replan), for a backend of this type.
+
+        A local backend (llama.cpp, Ollama, vLLM) gets the relaxed schema, whose grammar ends the list at
+        `max_tasks`, and always a token cap: such a server runs one request at a time, so a runaway reply would
+        hold every request behind it. The cap follows from `max_tasks` unless `planner_max_tokens` sets it."""
         structured = self.config.structured_output
-        return {"logit_bias_weight": self.config.logit_bias.get("parse_task", 0.0),
-                "json_schema": plan_json_schema() if structured != "off" else None, "structured": structured,
-                "max_tokens": self.config.planner_max_tokens}
+        local = api_type == "local"
+        schema = plan_json_schema(strict=not local, max_tasks=self.config.max_tasks) if structured != "off" else None
+        cap = self.config.planner_max_tokens or (plan_token_cap(self.config.max_tasks) if local else None)
+        return {"logit_bias_weight": self.config.logit_bias.get("parse_task", 0.0), "json_schema": schema,
+                "structured": structured, "max_tokens": cap}
 
     def plan(self, state: RequestState, sink: TaskSink | None = None) -> Planned:
         """The plan, announced with a `plan` event; with a sink, final tasks are started as they stream."""
@@ -79,23 +95,53 @@ class Planner:
 
     def chitchat(self, state: RequestState) -> str:
         on_token = (lambda piece: state.emit("answer_token", {"text": piece})) if state.on_event else None
-        return state.llm.chat(state.request.messages, temperature=0.7, on_token=on_token)
+        return state.llm.chat(state.request.messages, temperature=0.7, on_token=on_token,
+                              max_tokens=stage_cap(state.llm.settings, "chat"))
 
     # -- inside -----------------------------------------------------------------------------------
+
+    def propose(self, state: RequestState, on_token=None, fallback: bool = False) -> Plan | None:
+        """The plan as the planner wrote it, read, checked and repaired once where it cannot run as written; None
+        when the reply holds no task list. No conversational fallback here: this is what the bench scores (a
+        lone summary is a plan here, while `plan` answers it in prose); `fallback` only says so in the log."""
+        req = state.request
+        messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
+                                           state.llm.settings.max_context_tokens)
+        reply = state.llm.chat(messages, on_token=on_token, **self.chat_kwargs(state.llm.settings.api_type))
+        log.debug("[%s] planner said: %s", req.request_id, reply)
+        state.planner_messages, state.plan_reply = messages, reply
+        try:
+            plan = parse_plan(reply)
+        except PlanParseError as exc:
+            log.info("[%s] no task list in the plan (%s)%s", req.request_id, exc,
+                     "; answering conversationally" if fallback else "")
+            return None
+        self._check_size(plan)
+        return plan
+
+    def repair(self, state: RequestState, plan: Plan) -> Plan:
+        """One replan of a plan that cannot run as written (or whose inputs do not fit what their dependencies
+        make), shown its problems; the better plan, else this one."""
+        problems = invalid_tasks(plan) or kind_problems(plan)
+        if problems and plan.tasks and self.replanner.allowed(state):
+            state.replan_attempts += 1
+            reason = "the plan cannot run as written: " + "; ".join(problems)
+            better = self.replanner.ask(state, state.planner_messages, state.plan_reply,
+                                        reason[0].upper() + reason[1:] + ".", frozenset(), 0,
+                                        self.chat_kwargs(state.llm.settings.api_type))
+            if better is not None and not invalid_tasks(better) and len(kind_problems(better)) <= len(
+                    kind_problems(plan)):
+                self._check_size(better)
+                self.replanner.record(state, reason, better)
+                return better
+        return plan
 
     def _read(self, state: RequestState, early: EarlyTasks | None, sink: TaskSink | None) -> Plan | None:
         """The plan to run, or None to answer conversationally. Streamed tasks that disagree are dropped."""
         req = state.request
-        messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
-                                           state.llm.settings.max_context_tokens)
-        reply = state.llm.chat(messages, on_token=early.feed if early else None, **self.chat_kwargs())
-        log.debug("[%s] planner said: %s", req.request_id, reply)
-        try:
-            plan = parse_plan(reply)
-        except PlanParseError as exc:
-            log.info("[%s] no task list in the plan (%s); answering conversationally", req.request_id, exc)
+        plan = self.propose(state, on_token=early.feed if early else None, fallback=True)
+        if plan is None:
             return None
-        self._check_size(plan)
         problems = invalid_tasks(plan)
         if early is not None and early.started:
             in_plan = {t.id for t in plan.tasks}
@@ -105,16 +151,7 @@ class Planner:
                 log.info("[%s] the full plan differs from the streamed tasks %s; starting over", req.request_id,
                          differs)
                 self._drop(state, sink, early)
-        state.planner_messages, state.plan_reply = messages, reply
-        if problems and plan.tasks and self.replanner.allowed(state):
-            state.replan_attempts += 1
-            reason = "the plan cannot run as written: " + "; ".join(problems)
-            better = self.replanner.ask(state, messages, reply, reason.capitalize() + ".", frozenset(), 0,
-                                        self.chat_kwargs())
-            if better is not None and not invalid_tasks(better):
-                self._check_size(better)
-                self.replanner.record(state, reason, better)
-                plan = better
+        plan = self.repair(state, plan)
         for note in plan.notes:
             log.info("[%s] plan: %s", req.request_id, note)
         if not plan.tasks:

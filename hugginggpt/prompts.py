@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .demopick import DemoPool
 from .errors import ConfigError
 from .plan import TASK_TYPES
 
@@ -104,16 +105,27 @@ class PromptSet:
     tprompt: dict[str, str]
     prompt: dict[str, str]
     demos: dict[str, list[dict[str, str]]]
+    pool: DemoPool | None = None  # planning demos picked per request (after the fixed ones), see demopick.py
+    pool_picks: int = 0
 
     @classmethod
-    def from_config(cls, config) -> PromptSet:
+    def from_config(cls, config, embedder=None) -> PromptSet:
         demos = {}
         for stage, path in config.demos.items():
             demos[stage] = load_demos(Path(path), config.path)
+        picks = config.planner_demos
+        pool_path = config.planner_demo_pool
+        if embedder is None:
+            def embedder():  # the catalog's sentence model, with its ONNX graph cached where the catalog keeps it
+                from .catalog.embedders import default_embedder
+
+                return default_embedder(config.semantic_ranking, config.cache_dir, config.embedding_precision)
         return cls(
             tprompt={**DEFAULT_TPROMPT, **{k: v for k, v in config.tprompt.items() if v}},
             prompt={**DEFAULT_PROMPT, **{k: v for k, v in config.prompt.items() if v}},
             demos=demos,
+            pool=DemoPool.load(pool_path, embedder) if picks and pool_path else None,
+            pool_picks=picks,
         )
 
     @classmethod
@@ -163,8 +175,16 @@ class PromptSet:
     def parse_task(
         self, context: list[dict[str, str]], user_input: str, model: str, max_context: int | None = None
     ) -> list[dict[str, str]]:
-        """Planner messages; the oldest history turns are dropped until the prompt fits the window."""
+        """Planner messages; the oldest history turns are dropped until the prompt fits the window.
+
+        Order: the fixed system prompt and demos (the same for every request, so a local server's prompt cache
+        keeps them), then the demos picked for this request, then the request."""
         base = [{"role": "system", "content": self.tprompt["parse_task"]}] + self._demos("parse_task", {})
+        if self.pool is not None:
+            for demo in self.pool.pick(user_input, self.pool_picks):
+                base += [{"role": "user", "content": fill(self.prompt["parse_task"], {"context": [],
+                                                                                     "input": demo.request})},
+                         {"role": "assistant", "content": demo.reply()}]
         budget = context_window(model, max_context) - RESERVED_FOR_REPLY
         start = 0
         while True:

@@ -10,9 +10,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .answercheck import check_answer
 from .backends.normalize import FILE_KEYS
 from .errors import DeadlineExceeded
-from .llm import DeadlineLLM
+from .llm import DeadlineLLM, stage_cap
 from .prompts import PromptSet
 from .request import RequestState
 
@@ -36,7 +37,8 @@ def write_answer(llm: DeadlineLLM, prompts: PromptSet, user_input: str, results:
     messages = prompts.response_results(user_input, processes)
     on_token = (lambda piece: emit("answer_token", {"text": piece})) if emit else None
     try:
-        message = llm.chat(messages, on_token=on_token).strip()
+        message = check_answer(llm.chat(messages, on_token=on_token,
+                                        max_tokens=stage_cap(llm.settings, "answer")).strip(), results)
     except DeadlineExceeded:
         message = deadline_answer(results, timeout)
     if notes:

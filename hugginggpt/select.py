@@ -21,7 +21,7 @@ from .catalog import Catalog, ModelCard, Ranker, RankQuery
 from .catalog.scoring import Factors
 from .catalog.store import Candidate, CatalogStore
 from .errors import LLMError
-from .llm import LLMClient
+from .llm import LLMClient, stage_cap
 from .plan import TEXT_TASKS_FOR_LLM, PlanParseError, Task, extract_json
 from .prompts import PromptSet
 from .requestctx import ContextThreadPool
@@ -418,7 +418,7 @@ class Selector:
         final = replace(pick, question=None)
         try:
             reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), question.metas),
-                             logit_bias_weight=logit_bias)
+                             logit_bias_weight=logit_bias, max_tokens=stage_cap(llm.settings, "choose_model"))
         except LLMError as exc:
             final.reason = f"top-ranked candidate (the LLM could not choose: {exc})"
             return final

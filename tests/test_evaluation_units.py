@@ -449,27 +449,32 @@ def bench():
     return module
 
 
-def test_the_json_summary_holds_the_f1s_the_valid_rate_and_the_raw_counts():
-    scores = Scores(Tally(2, 1, 2), Tally(1, 1, 1), samples=3, valid=2)
+def test_the_json_summary_holds_the_f1s_the_rates_and_the_raw_counts():
+    scores = Scores(Tally(2, 1, 2), Tally(1, 1, 1), Tally(1, 0, 1), Tally(0, 1, 1), samples=3, valid=2, parsed=3)
     assert bench().summary(scores) == {"node_f1": pytest.approx(4 / 7), "edge_f1": 0.5,
-                                       "valid_rate": pytest.approx(2 / 3), "samples": 3,
+                                       "t_f1": pytest.approx(2 / 3), "v_f1": 0.0,
+                                       "valid_rate": pytest.approx(2 / 3), "parse_rate": 1.0, "samples": 3,
                                        "nodes": {"tp": 2, "fp": 1, "fn": 2}, "edges": {"tp": 1, "fp": 1, "fn": 1}}
 
 
-def test_the_printed_table_gives_percent_to_two_places_and_valid_plans_to_one():
+def test_the_printed_table_gives_percent_to_two_places_and_the_rates_to_one():
     summary = bench().summary
-    result = {"prompt": "ours", "all": summary(Scores(Tally(2, 1, 2), Tally(1, 1, 1), samples=3, valid=2)),
-              "clean": summary(Scores(Tally(1, 0, 0), Tally(0, 0, 0), samples=1, valid=1)),
-              "latency": {"median_s": 1.234, "p90_s": 4.567}, "llm": {"model": "tiny"}, "structured": "auto"}
+    result = {"prompt": "ours", "all": summary(Scores(Tally(2, 1, 2), Tally(1, 1, 1), Tally(1, 0, 1), Tally(0, 1, 1),
+                                                      samples=3, valid=2, parsed=3)),
+              "clean": summary(Scores(Tally(1, 0, 0), Tally(0, 0, 0), samples=1, valid=1, parsed=1)),
+              "latency": {"median_s": 1.234, "p90_s": 4.567}, "llm": {"model": "tiny"}, "structured": "auto",
+              "replanned": 2, "demos_picked": 3, "repair": True, "max_tokens": 656}
     assert bench().table(result) == "\n".join([
-        "| run | samples | node-F1 | edge-F1 | valid plans |",
-        "|---|---|---|---|---|",
-        "| ours, all | 3 | 57.14 | 50.00 | 66.7% |",  # 100*4/7 = 57.142..; 100*2/3 = 66.66..
-        "| ours, clean | 1 | 100.00 | 100.00 | 100.0% |",
-        "| gpt-4 (published, full domain) | 7546 | 81.54 | 54.70 | - |",
-        "| gpt-3.5-turbo (published, full domain) | 7546 | 69.49 | 33.36 | - |",
+        "| run | samples | node-F1 | edge-F1 | t-F1 | v-F1 | valid plans |",
+        "|---|---|---|---|---|---|---|",
+        "| ours, all | 3 | 57.14 | 50.00 | 66.67 | 0.00 | 66.7% |",  # 100*4/7 = 57.142..; 100*2/3 = 66.66..
+        "| ours, clean | 1 | 100.00 | 100.00 | 100.00 | 100.00 | 100.0% |",
+        "| gpt-4 (published, full domain) | 7546 | 81.54 | 54.70 | 77.31 | 60.86 | - |",
+        "| gpt-3.5-turbo (published, full domain) | 7546 | 69.49 | 33.36 | 55.88 | 36.32 | - |",
         "",
-        "plan latency: median 1.23 s, p90 4.57 s (LLM: tiny, structured output: auto)",
+        "replies with a task list (parse rate): 100.0% (2 plans replanned once)",
+        "plan latency: p50 1.23 s, p90 4.57 s (LLM: tiny; structured output: auto; demos picked: 3; repair: on; "
+        "token cap: 656)",
     ])
     result["prompt"] = "JARVIS (/x/config.default.yaml)"
     assert "| JARVIS prompt, clean | 1 |" in bench().table(result)
@@ -480,3 +485,34 @@ def test_the_bench_without_the_taskbench_sample_says_where_it_looked_and_exits_2
     assert capsys.readouterr().err == (f"error: no TaskBench sample in {tmp_path} (it lives outside the repository, "
                                        "in ../shared/taskbench)\n")
     assert not (tmp_path / "out").exists()
+
+
+# -- t-F1 and v-F1 (TaskBench's parameter metrics) ------------------------------------------------
+
+
+def test_parameters_type_a_literal_by_its_suffix_and_a_reference_by_the_tool_that_makes_it():
+    from hugginggpt.evaluation import parameters
+
+    nodes = [node("Speech-to-Text", "example.wav"), node("Summarization", "<node-0>"),
+             node("Text-to-Image", "<node-1>", "a 'photo.JPG' style"), node("Text-to-Speech", "<node-3>"),
+             node("Text-to-Video", "<node-9>"), node("Unknown Tool", "<node-1>"), node("Image Editing", "<node-5>")]
+    typed, valued = parameters(nodes, TOOLS.outputs)
+    assert "Speech-to-Text-audio" in typed and "Speech-to-Text-audio-example.wav" in valued
+    assert "Summarization-text-Speech-to-Text" in valued  # a reference: the output type and the tool's name
+    assert "Text-to-Image-none-Summarization" in valued  # a tool with no output type: "none"
+    assert "Text-to-Image-text-a 'photo.JPG' style" in valued  # ".JPG" is not ".jpg": TaskBench is case-sensitive
+    assert not any(v.startswith("Text-to-Speech") for v in valued)  # a reference to itself is skipped
+    assert not any(v.startswith("Text-to-Video") for v in valued)  # past the last node: skipped
+    assert "Image Editing-other-Unknown Tool" in valued  # a tool outside the list: "other"
+
+
+def test_t_and_v_f1_pool_the_items_of_every_sample():
+    gold = [gold_row("a", ["Text-to-Speech"], []), gold_row("b", ["Text-to-Image"], [])]
+    predicted = {"a": [node("Text-to-Speech", "hello there")], "b": [node("Text-to-Image", "a red fox")]}
+    gold_nodes = {"a": [node("Text-to-Speech", "hello there")], "b": [node("Text-to-Image", "a fox")]}
+    scores = score(gold, predicted, {"a": True, "b": True}, TOOLS, {"a": True, "b": False}, gold_nodes)
+    assert tally(scores.types) == (2, 0, 0) and scores.types.f1 == 1.0
+    assert tally(scores.values) == (1, 1, 1) and scores.values.f1 == 0.5
+    assert scores.parse_rate == 0.5 and scores.valid_rate == 1.0
+    without = score(gold, predicted, {"a": True}, TOOLS)
+    assert tally(without.types) == (0, 0, 0) and without.parse_rate == 0.5  # parsed defaults to valid

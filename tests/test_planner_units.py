@@ -159,12 +159,15 @@ def test_a_conversational_reply_streams_its_tokens_as_answer_events_at_a_warmer_
     assert body["messages"] == [{"role": "user", "content": "hi"}]
 
 
-def test_with_nobody_listening_the_conversational_reply_is_not_streamed(tmp_path, llm):
+def test_with_nobody_listening_the_conversational_reply_is_not_streamed_by_a_hosted_llm(tmp_path, llm):
+    """(A local server's calls are always streamed, so that one whose caller left stops: test_local_backend.py.)"""
     llm.on("chitchat", "hello there")
-    planner, state, _ = make(tmp_path, llm, [{"role": "user", "content": "hi"}], listen=False)
+    planner, state, _ = make(tmp_path, llm, [{"role": "user", "content": "hi"}], listen=False, dev=False,
+                             openai={"api_key": "sk-test-0123456789", "base_url": llm.base_url + "/v1"})
+    assert state.llm.settings.api_type == "openai"
     assert planner.plan(state).reply == "hello there"
     [body] = [r["body"] for r in llm.stage_requests("chitchat")]
-    assert not body.get("stream")
+    assert not body.get("stream") and "max_tokens" not in body
 
 
 # -- the streamed plan against the full one ----------------------------------------------------------------------
