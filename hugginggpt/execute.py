@@ -237,7 +237,7 @@ class Executor:
             "only the result, as plain text without URLs."
         )
         return state.llm.chat([{"role": "user", "content": prompt}],
-                              max_tokens=stage_cap(state.llm.settings, "text_task"))
+                              max_tokens=stage_cap(state.llm, "text_task"))
 
 
 def _keeper(state: RequestState, tid: int, before: list[dict[str, str]]) -> Callable[[list[dict[str, str]]], None]:

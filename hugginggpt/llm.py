@@ -329,10 +329,6 @@ class LLMClient:
     def _request_within(self, path: str, body: dict[str, Any], on_token, timeout: float,
                         text_of: Callable[[dict], Any], piece_of: Callable[[dict], Any], on_usage=None) -> str:
         options = {"timeout": timeout}
-        if on_token is None and self.settings.api_type == "local":
-            # A local server (llama.cpp's) stops generating only when a *streamed* client leaves: streamed, a
-            # call that times out or is cancelled frees the server at its next token instead of its last.
-            on_token = _ignore
         if on_token is None:
             resp = self._client.post(path, body=body, cast_to=object, options=options)
             choices = resp.get("choices") if isinstance(resp, dict) else None
@@ -477,13 +473,19 @@ class _ChunkStream(openai.Stream[object]):
 LOCAL_TOKEN_CAPS = {"choose_model": 160, "answer": 700, "chat": 500, "text_task": 500}
 
 
-def stage_cap(settings: LLMSettings, stage: str) -> int | None:
+def is_local(llm: Any) -> bool:
+    """Whether a client (or its settings) talks to a local server (llama.cpp, Ollama, vLLM: `local.endpoint`)."""
+    settings = getattr(llm, "settings", llm)
+    return getattr(settings, "api_type", None) == "local"
+
+
+def stage_cap(llm: Any, stage: str) -> int | None:
     """The token cap of one stage's call: on a local backend LOCAL_TOKEN_CAPS, elsewhere none (the provider's)."""
-    return LOCAL_TOKEN_CAPS[stage] if settings.api_type == "local" else None
+    return LOCAL_TOKEN_CAPS[stage] if is_local(llm) else None
 
 
-def _ignore(piece: str) -> None:
-    """The token sink of a call streamed only so that the server notices when its caller leaves."""
+def ignore_tokens(piece: str) -> None:
+    """The token sink of a call streamed only so that a local server notices when its caller leaves."""
 
 
 def _drain(events: Iterator[Any]) -> None:

@@ -114,34 +114,44 @@ class Plan:
         return {t.id: t for t in self.tasks}
 
 
+# The arguments each task takes, in the order a plan writes them: what the local plan grammar requires of it.
+TAKES: dict[str, tuple[str, ...]] = {
+    **{t: ("text",) for t in TASK_TYPES},
+    **{t: ("image",) for t in _VISION_IN},
+    **{t: ("audio",) for t in _AUDIO_IN},
+    "visual-question-answering": ("image", "text"), "document-question-answering": ("image", "text"),
+    **{f"{c}-text-to-image": ("text", "image") for c in CONTROL_TEXT_TO_IMAGE},
+}
+
+
 def plan_json_schema(strict: bool = True, max_tasks: int | None = None) -> dict[str, Any]:
     """The plan as a JSON schema of our task vocabulary and argument kinds, for constrained decoding.
 
     strict: OpenAI's rules (an object at the root, every property required, no extra keys; absent arguments
-    are null), which OpenAI, Azure and vLLM take. Not strict, for a local grammar (llama.cpp, Ollama): each
-    argument is optional and never null, and the list holds at most `max_tasks` tasks. A small model under the
-    strict schema fills all three arguments, often with a reference to its own task; under this one it writes
-    only the arguments the task takes, and the grammar itself ends a list that would run away.
+    are null), which OpenAI, Azure and vLLM take. Not strict, for a local grammar (llama.cpp, Ollama): one
+    branch per set of arguments (TAKES), so a task writes exactly the arguments it takes, each a string, and the
+    list holds at most `max_tasks` tasks. A small model under the strict schema fills all three arguments, often
+    with a reference to its own task; under this one a caption gets its image, a question its image and text, and
+    the grammar itself ends a list that would run away.
     """
+    def task_schema(names: list[str], args: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object",
+                "properties": {"task": {"type": "string", "enum": names}, "id": {"type": "integer"},
+                               "dep": {"type": "array", "items": {"type": "integer"}}, "args": args},
+                "required": ["task", "id", "dep", "args"], "additionalProperties": False}
+
     if strict:
         arg: dict[str, Any] = {"type": ["string", "null"]}
-        args = {"type": "object", "properties": {k: arg for k in ARG_KEYS}, "required": list(ARG_KEYS),
-                "additionalProperties": False}
+        items = task_schema(list(TASK_TYPES), {"type": "object", "properties": {k: arg for k in ARG_KEYS},
+                                               "required": list(ARG_KEYS), "additionalProperties": False})
     else:
-        args = {"type": "object", "properties": {k: {"type": "string"} for k in ARG_KEYS},
-                "additionalProperties": False}
-    task = {
-        "type": "object",
-        "properties": {
-            "task": {"type": "string", "enum": list(TASK_TYPES)},
-            "id": {"type": "integer"},
-            "dep": {"type": "array", "items": {"type": "integer"}},
-            "args": args,
-        },
-        "required": ["task", "id", "dep", "args"],
-        "additionalProperties": False,
-    }
-    tasks: dict[str, Any] = {"type": "array", "items": task}
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for name in TASK_TYPES:
+            groups.setdefault(TAKES[name], []).append(name)
+        items = {"anyOf": [task_schema(names, {"type": "object", "properties": {k: {"type": "string"} for k in takes},
+                                               "required": list(takes), "additionalProperties": False})
+                           for takes, names in groups.items()]}
+    tasks: dict[str, Any] = {"type": "array", "items": items}
     if not strict and max_tasks:
         tasks["maxItems"] = max_tasks
     return {"type": "object", "properties": {"tasks": tasks}, "required": ["tasks"], "additionalProperties": False}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import Config
-from .llm import stage_cap
+from .llm import ignore_tokens, is_local, stage_cap
 from .plan import TEXT_TASKS_FOR_LLM, Plan, PlanParseError, Task, kind_problems, parse_plan, plan_json_schema
 from .planstream import EarlyTasks
 from .prompts import PromptSet
@@ -96,7 +96,7 @@ class Planner:
     def chitchat(self, state: RequestState) -> str:
         on_token = (lambda piece: state.emit("answer_token", {"text": piece})) if state.on_event else None
         return state.llm.chat(state.request.messages, temperature=0.7, on_token=on_token,
-                              max_tokens=stage_cap(state.llm.settings, "chat"))
+                              max_tokens=stage_cap(state.llm, "chat"))
 
     # -- inside -----------------------------------------------------------------------------------
 
@@ -107,6 +107,10 @@ class Planner:
         req = state.request
         messages = self.prompts.parse_task(req.messages[:-1], req.user_input, state.llm.settings.model,
                                            state.llm.settings.max_context_tokens)
+        if on_token is None and is_local(state.llm):
+            # llama.cpp's server stops generating when a *streamed* caller leaves, and only then: streamed, a plan
+            # that times out or is cancelled frees the one-request-at-a-time server at its next token.
+            on_token = ignore_tokens
         reply = state.llm.chat(messages, on_token=on_token, **self.chat_kwargs(state.llm.settings.api_type))
         log.debug("[%s] planner said: %s", req.request_id, reply)
         state.planner_messages, state.plan_reply = messages, reply

@@ -38,7 +38,7 @@ def write_answer(llm: DeadlineLLM, prompts: PromptSet, user_input: str, results:
     on_token = (lambda piece: emit("answer_token", {"text": piece})) if emit else None
     try:
         message = check_answer(llm.chat(messages, on_token=on_token,
-                                        max_tokens=stage_cap(llm.settings, "answer")).strip(), results)
+                                        max_tokens=stage_cap(llm, "answer")).strip(), results)
     except DeadlineExceeded:
         message = deadline_answer(results, timeout)
     if notes:

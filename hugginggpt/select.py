@@ -418,7 +418,7 @@ class Selector:
         final = replace(pick, question=None)
         try:
             reply = llm.chat(self.prompts.choose_model(user_input, task.to_dict(), question.metas),
-                             logit_bias_weight=logit_bias, max_tokens=stage_cap(llm.settings, "choose_model"))
+                             logit_bias_weight=logit_bias, max_tokens=stage_cap(llm, "choose_model"))
         except LLMError as exc:
             final.reason = f"top-ranked candidate (the LLM could not choose: {exc})"
             return final

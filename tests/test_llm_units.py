@@ -36,6 +36,12 @@ def client_of(llm, **settings) -> LLMClient:
     return LLMClient(LLMSettings(api_type="local", endpoint=llm.base_url + "/v1", model="scripted", **settings))
 
 
+def hosted_client_of(llm, **settings) -> LLMClient:
+    """An OpenAI-type client on the scripted server: retries a call that timed out (a local one does not)."""
+    return LLMClient(LLMSettings(api_type="openai", endpoint=llm.base_url + "/v1", api_key="sk-test-0123456789",
+                                 model="scripted", **settings))
+
+
 def test_a_failing_llm_is_tried_max_retries_plus_one_times_waiting_what_it_asks(llm):
     client = client_of(llm, max_retries=2)
     llm.fail(500, 503, 500, 500)  # each answer asks for a retry after 10 ms (retry-after-ms)
@@ -68,7 +74,7 @@ def test_under_a_request_deadline_a_retryable_failure_is_retried(llm):
 
 
 def test_under_a_request_deadline_each_attempt_still_ends_at_llm_timeout(llm):
-    client = client_of(llm, max_retries=1, timeout=1.0)
+    client = hosted_client_of(llm, max_retries=1, timeout=1.0)
     llm.on("chitchat", "slow answer", delay=4.0, times=1)  # the first attempt hangs; the retry answers
     started = time.monotonic()
     assert client.chat(HI, deadline=time.monotonic() + 60) == "CHITCHAT: hi"
@@ -195,7 +201,7 @@ def test_a_completion_call_is_bounded_by_its_deadline_and_its_timeout(llm):
         assert time.monotonic() - started < 1.4  # cut off, not the 1.5 s answer
         slow = client_of(llm, use_completion=True, timeout=0.4, max_retries=0)
         started = time.monotonic()
-        with pytest.raises(LLMError, match=r"^the configured LLM \(local, model scripted\) timed out after 0.4s$"):
+        with pytest.raises(LLMError, match=r"^the configured LLM \(local, model scripted\) timed out after 0.4s \(not retried: "):
             slow.chat(HI)
         assert time.monotonic() - started < 1.4  # cut off, not the 1.5 s answer
     finally:
@@ -552,8 +558,8 @@ def test_an_attempt_that_times_out_is_not_retried_past_max_retries(llm):
     llm.on("chitchat", "late", delay=1.0)
     started = time.monotonic()
     with pytest.raises(LLMError) as caught:
-        client_of(llm, max_retries=0, timeout=0.6).chat(HI)
-    assert str(caught.value) == "the configured LLM (local, model scripted) timed out after 0.6s"  # not rounded to 1s
+        hosted_client_of(llm, max_retries=0, timeout=0.6).chat(HI)
+    assert str(caught.value) == "the configured LLM (openai, model scripted) timed out after 0.6s"  # not rounded to 1s
     assert time.monotonic() - started < 0.95  # one attempt of 0.6 s, no second one
     assert len(llm.requests) == 1
 
@@ -715,7 +721,7 @@ def test_a_stream_that_stalls_is_cut_off_by_its_timeout_or_its_deadline(llm):
         started = time.monotonic()
         with pytest.raises(LLMError) as caught:
             client_of(llm, max_retries=0, timeout=0.4).chat(HI, on_token=lambda piece: None)
-        assert str(caught.value) == "the configured LLM (local, model scripted) timed out after 0.4s"
+        assert str(caught.value).startswith("the configured LLM (local, model scripted) timed out after 0.4s (not retried")
         with pytest.raises(DeadlineExceeded) as late:
             client_of(llm, max_retries=0).chat(HI, on_token=lambda piece: None, deadline=time.monotonic() + 0.5)
         assert str(late.value) == ("the configured LLM (local, model scripted) did not answer before the request's "

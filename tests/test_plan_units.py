@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from hugginggpt.plan import (
+    TASK_TYPES,
     Plan,
     PlanParseError,
     Task,
@@ -98,6 +99,32 @@ def test_the_schema_accepts_a_plan_in_our_vocabulary_and_refuses_anything_else()
         {"tasks": [{**task, "note": "x"}]},
         {"tasks": ["x"]},
     ] + [{"tasks": [{k: v for k, v in task.items() if k != key}]} for key in ("task", "id", "dep", "args")]
+    for plan in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(plan, schema)
+
+
+def test_the_local_schema_asks_each_task_for_exactly_the_arguments_it_takes():
+    schema = plan_json_schema(strict=False, max_tasks=2)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    branches = [b["properties"]["task"]["enum"] for b in schema["properties"]["tasks"]["items"]["anyOf"]]
+    assert sorted(n for names in branches for n in names) == sorted(TASK_TYPES)  # each task in one branch
+    good = {"tasks": [{"task": "image-to-text", "id": 0, "dep": [-1], "args": {"image": "a.jpg"}},
+                      {"task": "visual-question-answering", "id": 1, "dep": [-1],
+                       "args": {"image": "a.jpg", "text": "how many cats?"}}]}
+    jsonschema.validate(good, schema)
+    jsonschema.validate({"tasks": [{"task": "canny-text-to-image", "id": 0, "dep": [-1],
+                                    "args": {"text": "a house", "image": "<GENERATED>-1"}}]}, schema)
+    caption, question = good["tasks"]
+    bad = [
+        {"tasks": [{**caption, "args": {"text": "a.jpg"}}]},  # a caption of text: the wrong kind
+        {"tasks": [{**caption, "args": {"image": "a.jpg", "text": "x"}}]},  # an argument it does not take
+        {"tasks": [{**question, "args": {"image": "a.jpg"}}]},  # a question without its question
+        {"tasks": [{"task": "automatic-speech-recognition", "id": 0, "dep": [-1], "args": {"image": "a.jpg"}}]},
+        {"tasks": [{**caption, "args": {"image": None}}]},  # never null
+        {"tasks": [caption, question, {**caption, "id": 2}]},  # past max_tasks
+        {"tasks": [{**caption, "task": "mind-reading"}]},
+    ]
     for plan in bad:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(plan, schema)

@@ -286,7 +286,9 @@ def test_the_gradio_app_shows_each_step_in_the_task_message_the_plan_and_gradio_
         outputs = job.outputs()
     finally:
         stop_app(app)
-    assert texts(chat)[-1] == "Here is your picture."
+    # the answer, then the file it did not name, as served (answercheck)
+    assert re.fullmatch(r"Here is your picture\.\n\nFiles made: /images/\w+\.png \(task 0, text-to-image\)",
+                        texts(chat)[-1])
     said = []
     for out in outputs:
         said += [t for t in texts(out[0]) if t.startswith("running… step ")]

@@ -69,13 +69,13 @@ def test_deadline_answer_cuts_long_predictions_and_names_whole_seconds_plainly()
 
 def test_the_llm_writes_the_answer_streamed_token_by_token_with_the_notes_after(tmp_path, llm):
     _, prompts, client = setup(tmp_path, llm)
-    llm.on("response_results", "  The fox is drawn.  ")
+    llm.on("response_results", "  The fox is drawn: /images/a.png. The tagging failed.  ")
     events: list[tuple[str, dict]] = []
     message = write_answer(DeadlineLLM(client, time.monotonic() + 30), prompts, "draw a fox", RESULTS, 30,
                            lambda name, e: events.append((name, e)), ["Replanned task 1.", "Note two."])
-    assert message == "The fox is drawn.\n\nReplanned task 1.\nNote two."
+    assert message == "The fox is drawn: /images/a.png. The tagging failed.\n\nReplanned task 1.\nNote two."
     tokens = "".join(e["text"] for name, e in events if name == "answer_token")
-    assert tokens.strip() == "The fox is drawn."
+    assert tokens.strip() == "The fox is drawn: /images/a.png. The tagging failed."
     assert events[-1] == ("answer", {"message": message})
     asked = llm.stage_requests("response_results")[-1]["body"]["messages"]
     assert "draw a fox" in str(asked) and "/images/a.png" in str(asked)
@@ -84,9 +84,10 @@ def test_the_llm_writes_the_answer_streamed_token_by_token_with_the_notes_after(
 
 def test_without_a_listener_nothing_is_emitted_and_no_notes_add_nothing(tmp_path, llm):
     _, prompts, client = setup(tmp_path, llm)
-    llm.on("response_results", "Done.")
-    assert write_answer(DeadlineLLM(client, time.monotonic() + 30), prompts, "go", RESULTS, 30) == "Done."
-    assert write_answer(DeadlineLLM(client, time.monotonic() + 30), prompts, "go", RESULTS, 30, None, []) == "Done."
+    done = "Done: /images/a.png; one task failed."  # true to RESULTS, so the answer check leaves it as it is
+    llm.on("response_results", done)
+    assert write_answer(DeadlineLLM(client, time.monotonic() + 30), prompts, "go", RESULTS, 30) == done
+    assert write_answer(DeadlineLLM(client, time.monotonic() + 30), prompts, "go", RESULTS, 30, None, []) == done
     assert llm.stage_requests("response_results")[-1]["body"].get("stream") in (None, False)
 
 
@@ -102,15 +103,15 @@ def test_past_the_deadline_the_answer_is_put_together_from_the_results(tmp_path,
 
 def test_the_answer_notes_replans_and_what_still_failed_after_them(tmp_path, llm):
     _, prompts, client = setup(tmp_path, llm)
-    llm.on("response_results", "Answer.")
+    llm.on("response_results", "Answer: /images/a.png; a task failed.")
     events: list[tuple[str, dict]] = []
     state = RequestState(ChatRequest.from_body({"messages": [{"role": "user", "content": "draw a fox"}]}),
                          client, lambda name, e: events.append((name, e)), 30)
     state.replans.append("Task 1 was replanned: another model.")
     state.replan_attempts = 2
     message = answer(state, prompts, RESULTS, 3)
-    assert message == ("Answer.\n\nTask 1 was replanned: another model.\nSome tasks still failed after 2 replan "
-                       "attempt(s) (max_replans: 3); their errors are above.")
+    assert message == ("Answer: /images/a.png; a task failed.\n\nTask 1 was replanned: another model.\n"
+                       "Some tasks still failed after 2 replan attempt(s) (max_replans: 3); their errors are above.")
     assert [e["message"] for name, e in events if name == "answer"] == [message]
     assert any(name == "answer_token" for name, _ in events)
     assert state.replans == ["Task 1 was replanned: another model."]  # the request's own list is left alone
@@ -119,11 +120,12 @@ def test_the_answer_notes_replans_and_what_still_failed_after_them(tmp_path, llm
 
 def test_no_failure_note_when_every_task_succeeded_or_nothing_was_replanned(tmp_path, llm):
     _, prompts, client = setup(tmp_path, llm)
-    llm.on("response_results", "Answer.")
+    llm.on("response_results", "Answer: /images/a.png; a task failed.")
     ok = {0: RESULTS[0]}
     state = RequestState(ChatRequest.from_body({"messages": [{"role": "user", "content": "go"}]}), client, None, 30)
     state.replan_attempts = 1
-    assert answer(state, prompts, ok, 3) == "Answer."
+    assert answer(state, prompts, ok, 3) == "Answer: /images/a.png; a task failed."
     state.replan_attempts = 0
-    assert answer(state, prompts, RESULTS, 3) == "Answer."  # failed, but no replan was tried: no note
+    # failed, but no replan was tried: no note
+    assert answer(state, prompts, RESULTS, 3) == "Answer: /images/a.png; a task failed."
     assert llm.stage_requests("response_results")[-1]["body"].get("stream") in (None, False)  # nobody listens

@@ -70,8 +70,9 @@ class LLM:
         self.reply, self.error = reply, error
         self.calls: list[tuple[list, float]] = []
 
-    def chat(self, messages, logit_bias_weight=0.0):
+    def chat(self, messages, logit_bias_weight=0.0, max_tokens=None):
         self.calls.append((messages, logit_bias_weight))
+        self.max_tokens = max_tokens
         if self.error is not None:
             raise self.error
         return self.reply

