@@ -147,6 +147,13 @@ class Executor:
                 if tried:
                     result = {**result, "fallback": {"tried": tried}}
                 return collect_result(task, choose, result)
+            if state.cancelled.is_set():  # the client left: the call was stopped, not failed, and nothing follows it
+                tried.append({"model": model_id, "hosted_on": backend_name, "error": CANCELLED})
+                with state.lock:
+                    state.attempts[task.id] = list(tried)
+                log.info("[%s] task %s: %s on %s cancelled: the client left", state.request.request_id, task.id,
+                         model_id, backend_name)
+                break
             tried += attempts or [{"model": model_id, "hosted_on": backend_name, "error": _message(result["error"])}]
             with state.lock:
                 state.attempts[task.id] = list(tried)  # what a deadline that cuts this task off still shows
@@ -164,8 +171,10 @@ class Executor:
                 with state.lock:
                     why = "; ".join(state.refused[b] for b in sorted(skipped))
                 message = f"{count} {names} candidate(s) not tried: the account was refused earlier in this request ({why})"
+        if state.cancelled.is_set():
+            return collect_result(task, sel.choose(), {"error": {"message": CANCELLED, "tried": tried}})
         if not message:
-            message = "cancelled (the client went away)" if state.cancelled.is_set() else "no backend"
+            message = "no backend"
         return collect_result(task, sel.choose(), {"error": {"message": f"every candidate failed: {message}",
                                                              "tried": tried}})
 
@@ -238,6 +247,20 @@ class Executor:
         )
         return state.llm.chat([{"role": "user", "content": prompt}],
                               max_tokens=stage_cap(state.llm, "text_task"))
+
+
+CANCELLED = "cancelled: the client left"
+
+
+def _chosen(state: RequestState, tid: int) -> dict[str, str] | str:
+    """The `choose model result` of a task the deadline cut off while it ran: the model chosen for it, else the
+    last one it was running on (its `tried` list says the rest). Lock held."""
+    choice = state.selections.get(tid)
+    if choice is not None and choice.done() and choice.exception() is None:
+        chosen = choice.result().choose()
+        if chosen:
+            return chosen
+    return {"id": state.attempts[tid][-1].get("model", ""), "reason": "the model it was running on when it was cut off"}
 
 
 def _keeper(state: RequestState, tid: int, before: list[dict[str, str]]) -> Callable[[list[dict[str, str]]], None]:
@@ -335,8 +358,10 @@ class Round:
             for tid, outcome in outcomes.items():
                 if outcome.state not in (DONE, FAILED) or tid not in state.results:
                     error: dict[str, Any] = {"message": outcome.error or outcome.state}
+                    chosen: dict[str, str] | str = ""
                     if outcome.state == TIMEOUT and state.attempts.get(tid):  # tried before the deadline cut it off
                         error["tried"] = list(state.attempts[tid])
-                    state.results[tid] = collect_result(self.by_id[tid], "", {"error": error})
+                        chosen = _chosen(state, tid)
+                    state.results[tid] = collect_result(self.by_id[tid], chosen, {"error": error})
         state.outcomes = outcomes
         return outcomes

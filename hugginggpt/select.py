@@ -154,18 +154,35 @@ class Availability:
         return out, why
 
 
+# A reason that names a setting tells the user what to change: it is shown whatever its model's rank.
+SETTING_RE = re.compile(r"huggingface\.(?:providers|token|base_url)|allowed_models|denied_models|inference_mode|"
+                        r"local_deployment")
+
+
+def _names(models: list[str], shown: int) -> str:
+    named = models[:shown]
+    rest = len(models) - len(named)
+    if rest:
+        return f"{', '.join(named)} and {rest} more"
+    return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+
+
 def why_none(ids: list[str], why: dict[str, str], shown: int = 3) -> str:
-    """Why none of `ids` can run, in one line: one reason when they share it (a refused token, the Hub down),
-    else the first few models' own."""
-    reasons = [why[m] for m in ids if m in why]
-    if not reasons:
+    """Why none of `ids` can run, in one line. One reason when they share it, each model's name aside (a refused
+    token, the Hub down: "... the providers of a, b and c"); else the first few models' own, and every one that
+    names a setting, whatever its rank, each said once with its model's name."""
+    pairs = [(m, why[m]) for m in ids if m in why]
+    if not pairs:
         return ""
-    distinct = list(dict.fromkeys(reasons))
-    if len(distinct) == 1:
-        return distinct[0]
-    listed = [f"{m}: {why[m]}" for m in ids if m in why][:shown]
-    more = len(reasons) - len(listed)
-    return "; ".join(listed) + (f" (and {more} more)" if more > 0 else "")
+    shapes: dict[str, list[str]] = {}
+    for m, reason in pairs:
+        shapes.setdefault(reason.replace(m, "\0"), []).append(m)
+    if len(shapes) == 1:
+        [(shape, models)] = shapes.items()
+        return shape.replace("\0", _names(models, shown))
+    listed = [(m, r) for k, (m, r) in enumerate(pairs) if k < shown or SETTING_RE.search(r)]
+    more = len(pairs) - len(listed)
+    return "; ".join(r if m in r else f"{m}: {r}" for m, r in listed) + (f" (and {more} more)" if more > 0 else "")
 
 
 def control_task_fixup(task: Task) -> None:

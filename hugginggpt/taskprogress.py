@@ -98,7 +98,9 @@ def describe(progress: dict[str, Any]) -> str:
         total = progress.get("total_bytes")
         text += f" {progress['bytes'] / 1e6:.1f}{f' of {total / 1e6:.1f}' if total else ''} MB"
     eta = progress.get("eta")
-    if eta is not None:
+    if progress.get("step") is not None and progress.get("step") == progress.get("steps"):
+        return text + " · finishing"  # the steps are done, the result is not: decoding and saving it come last
+    if eta is not None and eta > 0:  # none: "about 0 s left" while work goes on reads as a hang
         text += f" · about {math.ceil(eta)} s left" if eta < 90 else f" · about {round(eta / 60)} min left"
     return text
 

@@ -360,6 +360,68 @@ def test_callers_behind_a_running_batch_hear_why_they_wait():
     assert heard["joined"][0] == {"phase": "queued", "waiting": "in a batch with other requests for this model"}
 
 
+def test_callers_who_left_before_their_batch_ran_are_not_run_and_the_others_are():
+    """Behind a running batch, a leader and two joiners gather; the leader's client and one joiner's leave. The
+    batch then runs the one item still wanted, alone, and those who left hear Cancelled: no one else fails."""
+    from hugginggpt.cancel import Cancelled
+    from hugginggpt.modelhost.progress import Watch, watching
+
+    batcher = Batcher(max_size=4, wait_s=0)
+    entered, release = threading.Event(), threading.Event()
+    ran: list[list[int]] = []
+
+    def run(items):
+        ran.append(list(items))
+        entered.set()
+        release.wait(10)
+        return [i * 10 for i in items]
+
+    watches = {n: Watch(lambda event: None) for n in (2, 3, 4)}
+    out: dict[int, object] = {}
+
+    def watched(item: int) -> None:
+        with watching(watches[item]):
+            try:
+                out[item] = batcher.submit("m", item, run)
+            except Cancelled as exc:
+                out[item] = exc
+
+    threads = [threading.Thread(target=batcher.submit, args=("m", 1, run))]
+    threads[0].start()
+    assert entered.wait(10)
+    for n in (2, 3, 4):
+        threads.append(threading.Thread(target=watched, args=(n,)))
+        threads[-1].start()
+        until_gathered(batcher, "m", n - 1)
+    watches[2].stop()  # the leader's client left
+    watches[4].stop()
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert ran == [[1], [3]]
+    assert out[3] == (30, 1)  # run alone: the batch held one caller still there
+    assert isinstance(out[2], Cancelled) and isinstance(out[4], Cancelled)
+
+
+def test_a_queued_call_whose_client_left_leaves_the_queue_at_once():
+    from hugginggpt.cancel import Cancelled
+    from hugginggpt.modelhost.progress import Watch, waiting_for, watching
+
+    lock = threading.Lock()
+    lock.acquire()  # another call holds the model
+    watch = Watch(lambda event: None)
+    threading.Timer(0.2, watch.stop).start()
+    started = time.monotonic()
+    with watching(watch), pytest.raises(Cancelled):
+        with waiting_for(lock, "behind another request"):
+            pass
+    assert time.monotonic() - started < 2  # not for as long as the other call holds the model
+    with watching(Watch(lambda event: None)):
+        threading.Timer(0.2, lock.release).start()
+        with waiting_for(lock, "behind another request"):  # a caller still there gets the model
+            pass
+
+
 def test_a_batch_with_too_few_results_fails_each_of_its_callers_saying_so():
     out = submit_all(Batcher(max_size=2, wait_s=1.0), [1, 2], lambda items: items[1:])  # one result short
     assert [ok for ok, _, _ in out] == [False, False]

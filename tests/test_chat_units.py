@@ -392,12 +392,19 @@ def test_stopping_a_streamed_start_cancels_its_round_and_forgets_its_selections(
     streamed = StreamedStart(engine, state)
     streamed.round = engine.executor.begin(state)
     scheduler = streamed.round.scheduler
-    state.selections[0] = None  # before the task is added: it may start at once, and reads its selection
-    scheduler.add(0, [])
+    from concurrent.futures import Future
+
+    choosing = Future()  # the model choice is still being made: the task, started, waits for it
+    state.selections[0] = choosing  # before the task is added: it may start at once, and reads its selection
+    streamed.round.add(Task(0, "text-classification", [-1], {"text": "hi"}))
+    wait_until(lambda: scheduler.outcomes()[0].state == "running", 5, "the task to start")
     streamed.stop()
     assert streamed.round is None and state.selections == {}
     outcome = scheduler.outcomes()[0]
     assert (outcome.state, outcome.error) == ("cancelled", "the full plan replaced the streamed one")
+    choosing.cancel()  # the waiting task's thread goes on, to an outcome nobody reads
+    time.sleep(0.05)
+    assert scheduler.outcomes()[0].state == "cancelled"
 
 
 def test_stopping_a_streamed_start_without_a_round_forgets_its_selections(tmp_path, site):

@@ -400,7 +400,9 @@ def test_a_progress_line_is_cut_one_short_of_the_terminal_width(monkeypatch, col
 
 
 @pytest.mark.parametrize(("progress", "words"), [
-    ({"phase": "running", "step": 1, "steps": 25, "eta": 0}, "step 1 of 25 · about 0 s left"),
+    ({"phase": "running", "step": 1, "steps": 25, "eta": 0}, "step 1 of 25"),  # never "about 0 s left"
+    ({"phase": "running", "step": 25, "steps": 25, "eta": 0}, "step 25 of 25 · finishing"),  # the steps, not the work
+    ({"phase": "running", "step": 3, "steps": 3}, "step 3 of 3 · finishing"),
     ({"phase": "running", "step": 24, "steps": 25, "eta": 0.2}, "step 24 of 25 · about 1 s left"),
     ({"phase": "running", "step": 2, "steps": 25, "eta": 89.5}, "step 2 of 25 · about 90 s left"),
     ({"phase": "running", "step": 2, "steps": 25, "eta": 95}, "step 2 of 25 · about 2 min left"),

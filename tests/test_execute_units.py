@@ -475,7 +475,7 @@ def test_refusals_by_two_backends_are_named_together(config):
     assert local.models_called() == ["org/l1"] and hub.models_called() == ["org/h1"]
 
 
-def test_a_cancelled_request_runs_no_model_and_no_further_candidate(config):
+def test_a_cancelled_request_runs_no_model_and_no_further_candidate(config, caplog):
     backend = Scripted()
     executor = Executor(config, {"local": backend}, LOOPBACK)
     executor.health = health = store()
@@ -484,7 +484,7 @@ def test_a_cancelled_request_runs_no_model_and_no_further_candidate(config):
     choose(state, planned, "org/a", local=["org/a", "org/b"])
     state.cancel()
     assert executor.run_task(state, planned)["inference result"]["error"] == {
-        "message": "every candidate failed: cancelled (the client went away)", "tried": []}
+        "message": "cancelled: the client left", "tried": []}
     assert backend.calls == []
 
     def leaves(inputs):  # the client goes away while org/a runs, and org/a fails because of it
@@ -492,12 +492,16 @@ def test_a_cancelled_request_runs_no_model_and_no_further_candidate(config):
         return {"error": {"message": "connection closed"}}
 
     backend.answers["org/a"] = leaves
+    caplog.set_level("INFO", logger="hugginggpt")
     later = new_state(config)
     choose(later, planned, "org/a", local=["org/a", "org/b"])
     error = executor.run_task(later, planned)["inference result"]["error"]
-    assert error["message"] == "every candidate failed: org/a (local): connection closed"
+    assert error == {"message": "cancelled: the client left",  # stopped, not failed, and no fallback after it
+                     "tried": [{"model": "org/a", "hosted_on": "local", "error": "cancelled: the client left"}]}
     assert backend.models_called() == ["org/a"]
     assert health.get("org/a") is None  # a run cut short by the client says nothing about the model
+    said = [r.getMessage() for r in caplog.records if "org/a" in r.getMessage()]
+    assert said and all("cancelled: the client left" in m and "failed" not in m for m in said), said
 
 
 def test_a_model_that_answered_as_the_client_left_is_still_recorded_healthy(config):
@@ -851,8 +855,9 @@ def test_at_the_deadline_the_round_ends_and_a_late_result_is_dropped(config):
     took = time.monotonic() - started
     assert 0.3 <= took < 1.0
     assert outcomes[0].state == TIMEOUT and outcomes[0].error == "deadline passed before the task finished"
-    timed_out = collect_result(t, "", {"error": {"message": "deadline passed before the task finished", "tried": [
-        {"model": "org/slow", "hosted_on": "local", "error": CUT_OFF}]}})  # the call the deadline cut off
+    timed_out = collect_result(t, {"id": "org/slow", "reason": "the best for it"}, {"error": {
+        "message": "deadline passed before the task finished", "tried": [
+            {"model": "org/slow", "hosted_on": "local", "error": CUT_OFF}]}})  # the call the deadline cut off, by its choice
     assert state.results[0] == timed_out
     backend.gate.set()  # the model answers after all
     wait_until(lambda: backend.in_flight == 0, 5, "the late call to end")
@@ -987,6 +992,8 @@ def test_a_deadline_that_cuts_a_task_off_keeps_what_it_tried(config, router, pub
     assert [(e["model"], e.get("provider")) for e in tried] == [
         ("org/a", "fal-ai"), ("org/b", "replicate"), ("org/b", "fal-ai"), ("org/c", None)]
     assert "503" in tried[0]["error"] and "500" in tried[1]["error"] and tried[-1]["error"] == CUT_OFF
+    # and the record says which model was chosen for it, as a finished task's does
+    assert state.results[0]["choose model result"]["id"] == "org/a"
 
 
 def test_a_refusal_holds_for_the_rest_of_the_request_and_the_local_server_still_runs(config):

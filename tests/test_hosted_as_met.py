@@ -436,3 +436,31 @@ def png(size: tuple[int, int], color: tuple[int, int, int]) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def test_in_hybrid_a_hosted_refusal_still_lets_a_replan_run_on_the_local_models_server(
+        tmp_path, llm_server, llm, servers, models, models_server, public_dir):
+    """Hybrid: the local text-to-image model is broken and hosted inference refuses the account (402). The refusal
+    stops hosted fallbacks for the rest of the request, not the replan: the new plan runs on the local server."""
+    fake, router, _ = servers
+    fake.reset()
+    serve_models(fake)
+    fake.failures["fal-ai"] = fake.failures["replicate"] = 402
+    _, models_url = models_server
+    models.broken.add("stabilityai/stable-diffusion-xl-base-1.0")
+    config = write_config(tmp_path, llm_server.base_url, models_url, public_dir, inference_mode="hybrid",
+                          huggingface={"token": TOKEN, "router_url": router}, semantic_ranking=False,
+                          choose_model="ranking", max_replans=1)
+    llm.on("parse_task", json.dumps([{"task": "text-to-image", "id": 0, "dep": [-1],
+                                      "args": {"text": "a lighthouse"}}]), times=1)
+    llm.on("parse_task", json.dumps([{"task": "token-classification", "id": 1, "dep": [-1],
+                                      "args": {"text": "Anna draws lighthouses"}}]), contains="failed")
+    srv = start_server(config, tmp_path, env={"HF_ENDPOINT": router, "HF_HUB_DISABLE_TELEMETRY": "1"})
+    try:
+        records = srv.post("/results", ask()).json()
+    finally:
+        stop_server(srv)
+    assert len(llm.stage_requests("parse_task")) == 2  # the replan was asked for
+    assert "402" in records["0"]["inference result"]["error"]["message"]
+    assert records["1"]["choose model result"]["id"] == "dslim/bert-base-NER"  # and ran on the local server
+    assert "error" not in records["1"]["inference result"]

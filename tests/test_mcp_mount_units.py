@@ -255,7 +255,10 @@ def test_a_tool_call_without_a_progress_token_is_json_and_with_one_a_stream(make
             # hop-by-hop headers are the server's to say (PEP 3333); a stream has no length
             assert not sent & {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                                "proxy-authenticate", "proxy-authorization", "content-length"}
-            [last] = events(streamed.get_data(as_text=True))
+            *notes, last = events(streamed.get_data(as_text=True))
+        # a classifier has no steps: its start and its end are the notes, rising to 1.0 before the result
+        assert [n["method"] for n in notes] == ["notifications/progress"] * len(notes) and notes
+        assert notes[-1]["params"]["progress"] == 1.0 and notes[-1]["params"]["progressToken"] == token
         assert last["id"] == 8 and not last["result"]["isError"]
         assert last["result"]["structuredContent"]["inference result"] == result["structuredContent"][
             "inference result"]

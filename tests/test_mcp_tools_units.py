@@ -477,6 +477,10 @@ def test_run_model_hears_audio_and_hands_back_spoken_audio(engine, models, publi
      f"`model` must be a model id such as google/vit-base-patch16-224, got '{'m' * 100}'"),
     ({"task": "object-detection", "model": "facebook/detr-resnet-50", "image": "/examples/red.png"},
      "facebook/detr-resnet-50 is not permitted here (allowed_models / denied_models)"),
+    # denied_models holds for every spelling that would reach the models server as the same id
+    *[({"task": "object-detection", "model": spelled, "image": "/examples/red.png"},
+       "facebook/detr-resnet-50 is not permitted here (allowed_models / denied_models)")
+      for spelled in (" facebook/detr-resnet-50", "facebook/detr-resnet-50 ", "\tfacebook/detr-resnet-50\n")],
     ({"task": "image-classification", "model": "nobody/unknown-model", "image": "/examples/red.png"},
      "nobody/unknown-model is not available on the local models server"),
 ])

@@ -35,19 +35,21 @@ def test_calls_are_counted_by_model_and_outcome_with_their_latency():
     metrics.call("acme/sd", True, 0.3)
     metrics.call("acme/sd", True, 0.02)
     metrics.call("acme/sd", False, 7.0)
+    metrics.call("acme/sd", False, 0.01, cancelled=True)  # its client left: not the model's error
     got = scrape(metrics)
     calls = got["models_server_calls"]
-    assert calls["type"] == "counter" and calls["help"] == "Inference calls by model and outcome (ok, error)"
+    assert calls["type"] == "counter" and calls["help"] == "Inference calls by model and outcome (ok, error, cancelled)"
     assert calls["samples"][("models_server_calls_total", (("model", "acme/sd"), ("outcome", "ok")))] == 2
     assert calls["samples"][("models_server_calls_total", (("model", "acme/sd"), ("outcome", "error")))] == 1
+    assert calls["samples"][("models_server_calls_total", (("model", "acme/sd"), ("outcome", "cancelled")))] == 1
     seconds = got["models_server_call_seconds"]
     assert seconds["type"] == "histogram" and seconds["help"] == "Inference latency by model (loading included)"
     buckets = {dict(labels)["le"]: v for (name, labels), v in seconds["samples"].items()
                if name == "models_server_call_seconds_bucket"}
     assert [float(le) for le in buckets if le != "+Inf"] == list(SECONDS)
-    assert buckets["0.025"] == 1 and buckets["0.25"] == 1 and buckets["0.5"] == 2 and buckets["5.0"] == 2
-    assert buckets["10.0"] == 3 and buckets["+Inf"] == 3
-    assert seconds["samples"][("models_server_call_seconds_sum", (("model", "acme/sd"),))] == 0.3 + 0.02 + 7.0
+    assert buckets["0.025"] == 2 and buckets["0.25"] == 2 and buckets["0.5"] == 3 and buckets["5.0"] == 3
+    assert buckets["10.0"] == 4 and buckets["+Inf"] == 4
+    assert seconds["samples"][("models_server_call_seconds_sum", (("model", "acme/sd"),))] == 0.3 + 0.02 + 7.0 + 0.01
 
 
 def test_the_catalog_keeps_its_names_and_discovered_models_theirs_up_to_the_cap():

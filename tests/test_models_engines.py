@@ -228,3 +228,28 @@ def test_a_client_that_leaves_a_watched_call_stops_its_run_and_frees_the_model(e
     started = time.monotonic()
     after = post(url, SD, {"text": "next", "steps": 2})  # not behind 148 more steps
     assert after.status_code == 200 and time.monotonic() - started < 20, name
+
+
+def test_a_one_shot_caller_that_leaves_stops_its_run_too(engine):
+    """JARVIS's one-shot call, whose client closes its socket mid-run: on either engine the run stops at its next
+    step (on Ray, the front's cancellation reaches the replica), as for a watched call."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    name, url, _, proc = engine
+
+    def stopped() -> int:
+        return proc.log_path.read_text().count("stopped: its client left")
+
+    assert post(url, SD, {"text": "warm", "steps": 1}).status_code == 200  # loaded: the run, not the load, is cut
+    before = stopped()
+    where = urlsplit(url)
+    payload = json.dumps({"text": "a long one", "steps": 150}).encode()
+    sock = socket.create_connection((where.hostname, where.port), timeout=30)
+    sock.sendall(f"POST /models/{SD} HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    time.sleep(0.5)  # the run has begun (150 tiny steps take seconds)
+    sock.close()
+    wait_until(lambda: stopped() > before, timeout=30, what=f"the {name} models server to stop the one-shot run")
+    assert f"{SD} failed" not in proc.log_path.read_text()

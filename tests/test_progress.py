@@ -79,9 +79,20 @@ def test_the_first_use_says_loading_before_it_runs_and_tokens_count_as_steps(box
 
 def test_an_error_during_the_call_is_the_last_event_with_its_status_and_a_refusal_before_it_is_plain_json(box):
     url, _, _ = box
-    events = sse(watch(url, SD, {"text": "a cat", "steps": 999}))  # read by the handler, after the load
-    assert events[-1][0] == "error"
-    assert events[-1][1]["status"] == 400 and "`steps` must be a whole number" in events[-1][1]["error"]["message"]
+    first = watch(url, SD, {"steps": 3})  # no text: found by the handler, after the load
+    assert first.headers["Content-Type"].startswith("text/event-stream"), (first.status_code, first.text[:300])
+    events = sse(first)
+    assert events[-1][0] == "error" and events[-1][1]["status"] == 400, events
+    assert "`text` is required" in events[-1][1]["error"]["message"]
+    # a bad option is refused before the stream starts, with the one-shot call's status and words
+    for steps in (200, "25", True):
+        streamed = watch(url, SD, {"text": "a cat", "steps": steps})
+        plain = requests.post(f"{url}/models/{SD}", json={"text": "a cat", "steps": steps}, timeout=60)
+        assert streamed.status_code == plain.status_code == 400
+        assert streamed.headers["Content-Type"].startswith("application/json")
+        assert streamed.json() == plain.json() and "`steps` must be a whole number from 1 to 150" in \
+            plain.json()["error"]["message"]
+    assert watch(url, GPT2, {"text": "x", "max_new_tokens": 5000}).status_code == 400
     refused = watch(url, "nobody/unknown-model", {"text": "x"})  # nothing to run: refused before any work
     assert refused.status_code == 404 and refused.headers["Content-Type"].startswith("application/json")
     assert "unknown model" in refused.json()["error"]["message"]
@@ -112,6 +123,56 @@ def test_a_client_that_leaves_stops_the_run_at_its_next_step(box):
     events = sse(watch(url, SD, {"text": "next", "steps": 2}))
     assert events[-1][0] == "result"
     assert "queued" not in [e.get("phase") for _, e in events]
+
+
+def one_shot_socket(url: str, model: str, body: dict):
+    """A one-shot `POST /models/<id>` sent on a bare socket that the test closes whenever it likes (no events)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((where.hostname, where.port), timeout=30)
+    sock.sendall(f"POST /models/{model} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+def cancelled_calls(url: str, model: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    found = re.search(rf'models_server_calls_total{{model="{re.escape(model)}",outcome="cancelled"}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_one_shot_caller_that_leaves_stops_the_run_and_the_next_caller_runs_at_once(box):
+    """A one-shot call (JARVIS's own kind: no events) whose client closes its socket after the run has begun
+    stops at its next step, as a streamed one does; B, queued behind it, runs as soon as A stops."""
+    url, _, proc = box
+
+    def stopped() -> int:
+        return proc.log_path.read_text().count("stopped: its client left")
+
+    before, cancelled = stopped(), cancelled_calls(url, SD)
+    a = one_shot_socket(url, SD, {"text": "a long one", "steps": 150})
+    time.sleep(0.3)  # A reaches the server first (B, sent with it, could take the model before A)
+    b = watch(url, SD, {"text": "next", "steps": 2})
+    b_lines = b.iter_lines(decode_unicode=True)
+    for line in b_lines:
+        if line.startswith("data: ") and '"queued"' in line:
+            break  # B waits behind A's run: A is running
+    else:
+        raise AssertionError("B never heard that it was queued behind A")
+    a.close()  # A leaves, its 150 steps barely begun
+    left = time.monotonic()
+    rest = list(b_lines)
+    b_ran = time.monotonic() - left
+    assert any(line.startswith("event: result") for line in rest)  # B ran, and answered
+    assert stopped() == before + 1  # A was stopped, not run to its end
+    assert cancelled_calls(url, SD) == cancelled + 1  # counted as cancelled, not as the model's error
+    # B waited for A's next step, not for A's last: a whole run of 150 steps takes far longer than B's 2
+    steps = sse(watch(url, SD, {"text": "pace", "steps": 20}))
+    per_step = max(e.get("eta", 0) for _, e in steps if "step" in e) / 18 if len(steps) > 3 else 0.05
+    assert b_ran < 10 + 40 * per_step, (b_ran, per_step)
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +270,9 @@ def test_the_web_page_draws_each_step_on_the_task_card_with_its_eta(orchestrator
     labels = page.evaluate("window.__labels")
     steps = [label for label, _ in labels if label and label.startswith("step ")]
     assert [s.split(" · ")[0] for s in steps] == [f"step {k} of 25" for k in range(1, 26)]
-    assert all(" · about " in s and s.endswith(" s left") for s in steps[1:])  # an ETA once there is a pace
+    # an ETA once there is a pace; the last step says the result is still being made, never "about 0 s left"
+    assert all(" · about " in s and s.endswith(" s left") for s in steps[1:-1]), steps
+    assert steps[-1] == "step 25 of 25 · finishing"
     widths = [float(w.rstrip("%")) for label, w in labels if label and label.startswith("step ")]
     assert widths == sorted(widths) and widths[-1] == 100.0
     assert card.locator(".progress").count() == 0  # done: the bar gives way to the picture
@@ -241,7 +304,7 @@ def test_the_cli_keeps_one_line_per_running_task_rewritten_in_place(tmp_path, ll
         term.close()
     steps = re.findall(r"#0 text-to-image: (step \d+ of 25)", text)
     assert steps == [f"step {k} of 25" for k in range(1, 26)]
-    assert re.search(r"#0 text-to-image: step 25 of 25 · about 0 s left", text)
+    assert re.search(r"#0 text-to-image: step 25 of 25 · finishing", text) and "about 0 s left" not in text
     # each update first takes the line off the screen (cursor up one line, clear below), then writes it again
     assert text.count("\x1b[1F\x1b[J") >= 25
     # when the task ends its progress line is taken off and the "done" line takes its place; nothing is redrawn
@@ -359,11 +422,16 @@ def test_an_mcp_client_with_a_progress_token_gets_each_step_as_a_rising_notifica
         if server is not None:
             stop_server(server)
     assert not whole.is_error and not quiet.is_error and not one.is_error
-    first, second = notes[:25], notes[25:]
-    assert [m for _, _, m in first] == [m for _, _, m in first if m.startswith("#0 text-to-image: step ")]
-    assert [int(re.search(r"step (\d+) of 25", m).group(1)) for _, _, m in first] == list(range(1, 26))
-    assert [p for p, _, _ in first] == [round(k / 25, 4) for k in range(1, 26)] and {t for _, t, _ in first} == {1.0}
-    assert len(second) == 25 and second[-1][0] == 1.0  # run_model's one task, and nothing from the quiet call
+    first, second = notes[:27], notes[27:]
+    # the task's start, each of its 25 steps, its end: rising to 1.0 as the task (and with it the request) ends
+    assert first[0] == (0.02, 1.0, "#0 text-to-image: started") and first[-1] == (1.0, 1.0, "#0 text-to-image: done")
+    steps = first[1:-1]
+    assert [m for _, _, m in steps] == [m for _, _, m in steps if m.startswith("#0 text-to-image: step ")]
+    assert [int(re.search(r"step (\d+) of 25", m).group(1)) for _, _, m in steps] == list(range(1, 26))
+    assert [p for p, _, _ in steps] == [round(0.02 + 0.96 * k / 25, 4) for k in range(1, 26)]
+    assert {t for _, t, _ in first} == {1.0}
+    assert steps[-1][2] == "#0 text-to-image: step 25 of 25 · finishing"  # never "about 0 s left"
+    assert len(second) == 27 and second[-1][0] == 1.0  # run_model's one task, and nothing from the quiet call
     assert answered_at[0] - heard_at[0] > 0.1  # the first note came while the tool ran, not with its answer
 
 

@@ -414,27 +414,35 @@ def test_the_progress_interval_is_read_in_milliseconds_and_checked(tmp_path):
 # -- MCP progress notifications -------------------------------------------------------------------------------
 
 
-def test_mcp_progress_is_the_request_s_share_done_and_only_ever_rises():
+def test_mcp_progress_is_the_request_s_share_done_only_ever_rises_and_ends_at_one():
     from hugginggpt.mcp.progress import ToolProgress
 
     p = ToolProgress()
+    draw, speak = {"id": 0, "task": "text-to-image"}, {"id": 1, "task": "text-to-speech"}
     assert p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]}) is None
-    assert p.note("task_progress", {"id": 0, "task": "text-to-image", "phase": "loading"}) is None  # no share yet
-    assert p.note("task_progress", {"id": 0, "task": "text-to-image", "phase": "running", "step": 1, "steps": 4,
-                                    "fraction": 0.25}) == (0.125, 1.0, "#0 text-to-image: step 1 of 4")
-    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "downloading", "bytes": 5,
-                                    "total_bytes": 10, "fraction": 0.5}) is None  # bytes are no share of steps
-    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "running", "step": 1, "steps": 2,
-                                    "fraction": 0.5})[0] == 0.375
-    assert p.note("task_finished", {"id": 0}) is None
-    assert p.note("task_progress", {"id": 1, "task": "text-to-speech", "phase": "running", "step": 2, "steps": 2,
-                                    "fraction": 1.0, "eta": 0})[:2] == (1.0, 1.0)
-    assert p.note("task_progress", {"id": 1, "task": "x", "phase": "running", "fraction": 1.0}) is None  # no rise
+    assert p.note("task_started", draw) == (0.01, 1.0, "#0 text-to-image: started")  # a start shows
+    assert p.note("task_progress", {**draw, "phase": "loading"}) is None  # no share of its steps yet
+    assert p.note("task_progress", {**draw, "phase": "running", "step": 1, "steps": 4, "fraction": 0.25}) == (
+        0.13, 1.0, "#0 text-to-image: step 1 of 4")  # (0.02 + 0.96 * 0.25) / 2
+    assert p.note("task_started", speak)[0] == 0.14
+    assert p.note("task_progress", {**speak, "phase": "downloading", "bytes": 5, "total_bytes": 10,
+                                    "fraction": 0.5}) is None  # bytes are no share of steps
+    assert p.note("task_progress", {**speak, "phase": "running", "step": 1, "steps": 2, "fraction": 0.5})[0] == 0.38
+    assert p.note("task_finished", draw) == (0.75, 1.0, "#0 text-to-image: done")  # an end shows
+    last_step = p.note("task_progress", {**speak, "phase": "running", "step": 2, "steps": 2, "fraction": 1.0})
+    assert last_step[0] == 0.99  # the last step is not the end: decoding and saving are still to come
+    assert p.note("task_progress", {**speak, "phase": "running", "fraction": 1.0}) is None  # no rise
+    assert p.note("task_finished", speak) == (1.0, 1.0, "#1 text-to-speech: done")  # and the end is 1.0
+    failed = ToolProgress()
+    failed.note("plan", {"tasks": [{"id": 0}, {"id": 1}]})
+    assert failed.note("task_failed", {"id": 0, "task": "a"}) == (0.5, 1.0, "#0 a: failed")
+    assert failed.note("task_failed", {"id": 1, "task": "b", "skipped": True}) == (1.0, 1.0, "#1 b: skipped")
     one = ToolProgress()  # run_model: one task, no plan
     assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 0.5})[0] == 0.5
     assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 0.4}) is None
     assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": True}) is None
-    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 7})[0] == 1.0
+    assert one.note("task_progress", {"id": 0, "task": "t", "phase": "running", "fraction": 7})[0] == 0.98
+    assert one.note("task_finished", {"id": 0, "task": "t"})[0] == 1.0
 
 
 def test_run_reporting_sends_notes_from_the_sdk_thread_and_hands_back_the_result_or_the_error():
@@ -475,7 +483,7 @@ def test_run_reporting_sends_notes_from_the_sdk_thread_and_hands_back_the_result
     runner.start()
     runner.join(20)  # a tool call whose work raised must end too, not wait for ever for its notes
     assert outcome == [("the result", "the result")]
-    assert [(p, t, m) for p, t, m, _ in sent] == [(0.5, 1.0, "#0 t: step 1 of 2"), (1.0, 1.0, "#0 t: step 2 of 2")]
+    assert [(p, t, m) for p, t, m, _ in sent] == [(0.5, 1.0, "#0 t: step 1 of 2"), (0.98, 1.0, "#0 t: step 2 of 2 · finishing")]
     assert tool_progress.events() is None  # outside a reporting call nobody listens
 
 
@@ -563,7 +571,8 @@ def test_mcp_progress_counts_a_finished_task_once_and_a_smaller_replan_never_inf
 
     p = ToolProgress()
     p.note("plan", {"tasks": [{"id": 0}, {"id": 1}]})
-    assert p.note("task_progress", {"id": 0, "task": "a", "phase": "running", "fraction": 1.0})[0] == 0.5
+    # its last step (0.98 of its share): its end is still to come
+    assert p.note("task_progress", {"id": 0, "task": "a", "phase": "running", "fraction": 1.0})[0] == 0.49
     p.note("task_finished", {"id": 0})
     assert p.note("task_progress", {"id": 1, "task": "b", "phase": "running", "fraction": 0.5})[0] == 0.75
     q = ToolProgress()
@@ -722,7 +731,7 @@ def test_a_zero_is_a_reading_not_a_missing_one():
         {"phase": "downloading", "bytes": 0, "total_bytes": 0, "fraction": 0.0}
     assert clean({"phase": "running", "step": 0, "steps": 25, "eta": 0}) == \
         {"phase": "running", "step": 0, "steps": 25, "eta": 0.0}
-    assert describe(clean({"phase": "running", "step": 25, "steps": 25, "eta": 0})) == "step 25 of 25 · about 0 s left"
+    assert describe(clean({"phase": "running", "step": 25, "steps": 25, "eta": 0})) == "step 25 of 25 · finishing"
     assert describe(clean({"phase": "running", "step": 0, "steps": 25})) == "step 0 of 25"  # a generator's start
 
 

@@ -116,3 +116,19 @@ def test_the_request_endpoint_is_connected_at_the_address_that_was_checked(tmp_p
     assert lookups == ["localhost"]  # one lookup, by the policy
     headers = {k.lower(): v for k, v in checked.requests[-1]["headers"].items()}
     assert headers["host"] == f"localhost:{port}" and headers["authorization"] == "Bearer k-own"
+
+
+def test_jarvis_s_web_client_empty_override_fields_mean_the_config_s_settings(strict, llm):
+    """JARVIS's own page sends "" for api_key, api_type and api_endpoint when its user set none: such a request is
+    answered with the config's LLM, as JARVIS answers it, neither refused nor sent with an empty key."""
+    llm.on("parse_task", "[]")
+    llm.on("chitchat", "hello from the config's LLM")
+    plain = strict.post("/hugginggpt", ask("hi"))
+    sent_plain = {k.lower(): v for k, v in llm.requests[-1]["headers"].items()}
+    empty = strict.post("/hugginggpt", ask("hi", api_key="", api_type="", api_endpoint=""))
+    sent_empty = {k.lower(): v for k, v in llm.requests[-1]["headers"].items()}
+    assert plain.status_code == empty.status_code == 200, empty.text
+    assert empty.json()["message"] == plain.json()["message"]
+    assert sent_empty.get("authorization") == sent_plain.get("authorization")
+    assert sent_empty.get("authorization") not in ("Bearer ", "Bearer")
+    assert llm.requests[-1]["path"].startswith("/v1/chat/completions")  # the configured endpoint

@@ -1140,3 +1140,24 @@ def test_the_llm_is_asked_without_a_logit_bias_by_default():
     llm = LLM('{"id": "org/b"}')
     s.ask_llm(s.by_ranking("x", task()), "x", task(), llm)
     assert llm.calls[0][1] == 0.0
+
+
+def test_why_none_says_a_shared_reason_once_and_a_setting_always():
+    from hugginggpt.select import why_none
+
+    hub = "the Hub could not be reached to look up the providers of {}: ConnectionError"
+    ids = ["org/a", "org/b", "org/c", "org/d", "org/e"]
+    said = why_none(ids[:3], {m: hub.format(m) for m in ids[:3]})
+    assert said == hub.format("org/a, org/b and org/c")  # the Hub's failure once, not once per model
+    assert why_none(ids, {m: hub.format(m) for m in ids}) == hub.format("org/a, org/b, org/c and 2 more")
+    assert why_none(ids, {m: "no token" for m in ids}) == "no token"
+    why = {m: f"no Inference Provider serves {m} now" for m in ids[:4]}
+    why["org/e"] = "org/e is served only by fal-ai, which huggingface.providers (together) leaves out"
+    said = why_none(ids, why)
+    # the setting's reason is shown though its model ranks fifth, and no model's name is said twice
+    assert said == ("no Inference Provider serves org/a now; no Inference Provider serves org/b now; no Inference "
+                    "Provider serves org/c now; org/e is served only by fal-ai, which huggingface.providers "
+                    "(together) leaves out (and 1 more)")
+    assert "org/e: org/e" not in said
+    assert why_none(["org/a", "org/b"], {"org/a": "too big", "org/b": "gone"}) == "org/a: too big; org/b: gone"
+    assert why_none(["org/x"], {}) == ""

@@ -202,6 +202,11 @@ def test_the_page_thinks_visibly_and_has_a_favicon(server, llm, models, page):
     page.fill("#input", "draw a slow fox")
     page.keyboard.press("Enter")
     page.wait_for_selector("#chat .assistant.thinking", timeout=5000)
+    # while the picture is drawn the bubble says so, not only "thinking"
+    page.wait_for_function("() => (document.querySelector('#chat .assistant.thinking') || {dataset: {}})"
+                           ".dataset.status === 'running #0 text-to-image'", timeout=10000)
+    said = page.evaluate("getComputedStyle(document.querySelector('#chat .assistant.thinking'), '::after').content")
+    assert said == '"running #0 text-to-image"'
     page.wait_for_selector("#chat .assistant[data-done='1']", timeout=30000)
     assert page.locator("#chat .assistant.thinking").count() == 0
     icon = requests.get(server.url + "/favicon.ico", timeout=5)

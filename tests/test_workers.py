@@ -265,3 +265,39 @@ def test_the_upload_quota_is_checked_under_a_lock_every_worker_takes(tmp_path):
         threading.Thread(target=second_worker, daemon=True).start()
         assert not inside.wait(0.5), "a second store (another worker) got in while the first held the lock"
     assert inside.wait(5)
+
+
+def test_concurrent_uploads_to_two_workers_stay_within_the_quota_together(tmp_path, llm, models_server):
+    """Twelve uploads at once, over two worker processes, into a quota that holds three: three are kept, the
+    others get 507, and public/uploads never holds more than the quota."""
+    import io
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.conftest import make_public
+
+    noise = np.random.default_rng(7).integers(0, 255, (330, 330, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, "PNG")
+    data = buf.getvalue()
+    mib = 1024 * 1024
+    assert 0.3 * mib < len(data) < 0.34 * mib  # three fit in 1 MiB, four do not
+    public = make_public(tmp_path / "public")
+    srv = start_server(write_config(tmp_path, llm.base_url, models_server[1], public, semantic_ranking=False,
+                                    http_workers=2, upload_quota_mb=1), tmp_path)
+    try:
+        wait_for(lambda: len(workers_of(srv.proc.pid)) == 2, what="two workers running")
+
+        def upload(_: int) -> int:
+            return requests.post(f"{srv.url}/upload", files={"file": ("noise.png", data, "image/png")},
+                                 timeout=60).status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            statuses = list(pool.map(upload, range(12)))
+    finally:
+        stop_server(srv)
+    uploads = list((public / "uploads").iterdir())
+    assert sorted(statuses) == [200] * 3 + [507] * 9, statuses
+    assert len(uploads) == 3 and sum(p.stat().st_size for p in uploads) <= mib

@@ -2,9 +2,10 @@
 
 MCP's `notifications/progress` carry one number that must rise with each notification, a total and a message. A
 request is several tasks, each with its own steps, so the number is the request's share done: finished tasks plus
-each running task's fraction of its steps, over the tasks planned (`total` 1.0); the message says which task and
-where (`#0 text-to-image: step 10 of 25 · about 4 s left`). A report that would not raise the number (a new
-phase, a download, whose bytes are no share of the task's steps) is not sent.
+each running task's share (its start, then its fraction of its steps), over the tasks planned (`total` 1.0); it
+reaches 1.0 as the last task ends. The message says which task and where (`#0 text-to-image: started`, `step 10
+of 25 · about 4 s left`, `done`). A report that would not raise the number (a new phase, a download, whose
+bytes are no share of the task's steps) is not sent.
 
 The tools are synchronous and run on a worker thread of the SDK's event loop; the request's events arrive on the
 request's own threads. `run_reporting` runs the tool on a thread of its own and sends the notifications from the
@@ -32,6 +33,11 @@ EventSink = Callable[[str, dict[str, Any]], None]
 LISTENER: contextvars.ContextVar[EventSink | None] = contextvars.ContextVar("mcp_progress", default=None)
 
 
+# A task's own share is split: its start, its steps, its end. So its start and its end each raise the number
+# (every task reports both, a captioner without steps too), and the last task's end takes it to 1.0.
+START_SHARE, END_SHARE = 0.02, 0.02
+
+
 class ToolProgress:
     """The request's events -> notes whose progress rises with each one."""
 
@@ -45,20 +51,28 @@ class ToolProgress:
         tid = event.get("id")
         if name in ("plan", "replan"):
             self.planned = max(self.planned, len(event.get("tasks") or ()))
+            return None
+        if name == "task_started":
+            self.running[tid] = max(self.running.get(tid, 0.0), START_SHARE)
+            said = "started"
         elif name in ("task_finished", "task_failed"):
             self.running.pop(tid, None)
             self.done.add(tid)
+            said = "done" if name == "task_finished" else "skipped" if event.get("skipped") else "failed"
         elif name == "task_progress" and event.get("phase") == "running":
             fraction = event.get("fraction")
-            if isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
-                self.running[tid] = max(self.running.get(tid, 0.0), min(float(fraction), 1.0))
-        if name != "task_progress":
+            if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
+                return None
+            share = START_SHARE + (1 - START_SHARE - END_SHARE) * min(max(float(fraction), 0.0), 1.0)
+            self.running[tid] = max(self.running.get(tid, 0.0), share)
+            said = describe(event)
+        else:  # a phase, a download: no share of the task's steps
             return None
         share = min((len(self.done) + sum(self.running.values())) / self.planned, 1.0)
         if share <= self.sent:
             return None
         self.sent = share
-        return round(share, 4), 1.0, f"#{tid} {event.get('task', '')}: {describe(event)}"
+        return round(share, 4), 1.0, f"#{tid} {event.get('task', '')}: {said}"
 
 
 def events() -> EventSink | None:

@@ -183,10 +183,13 @@ class Tools:
             state.selections[planned.id] = chosen
             watched(state)
             running = cancel.CURRENT.set(state.cancel_token)  # its I/O stops if the caller leaves
+            where = {"id": planned.id, "task": planned.task}
+            state.emit("task_started", where)  # its start and its end, as a planned task's are reported
             try:
                 record = self.engine.executor.run_task(state, planned)
             finally:
                 cancel.CURRENT.reset(running)
+            state.emit("task_failed" if "error" in record["inference result"] else "task_finished", where)
         inference = record["inference result"]
         if "error" in inference:  # the executor's failures are {"error": {"message": ...}}
             raise HuggingGPTError(f"{model} ({backend}) failed: {inference['error']['message']}")

@@ -23,11 +23,11 @@ from ..urlpolicy import UrlPolicy
 from .batching import batch_size_var
 from .discover import Discovery, DiscoveryRefused
 from .engine import Engine
-from .handlers import MAX_DEPTH, Inputs, check_body
+from .handlers import MAX_DEPTH, Inputs, check_body, check_options
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import ModelsMetrics
 from .pool import InferenceFailed, ModelUnavailable, NoRoom
-from .progress_stream import Answer, failure, stream_call, wants_events
+from .progress_stream import Answer, call_while_connected, failure, stream_call, wants_events
 from .registry import ModelSpec, Registry
 
 # header names, each written once (HTTP compares them without regard to case)
@@ -173,13 +173,15 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return _error("the body must be a JSON object such as {\"text\": ...} or {\"img_url\": ...}", 400)
         try:
             check_body(body)
+            check_options(body)
         except BadRequest as exc:
             return _error(str(exc), 400)
         if wants_events(request.headers.get(ACCEPT)):
             return stream_call(
                 lambda: call(model_id, spec, body), request.environ.get("waitress.client_disconnected"),
                 name=f"call-{model_id[:40]}")
-        status, payload, headers = call(model_id, spec, body)
+        status, payload, headers = call_while_connected(
+            lambda: call(model_id, spec, body), request.environ.get("waitress.client_disconnected"))
         resp = jsonify(payload)
         resp.status_code = status
         resp.headers.update(headers)
@@ -198,7 +200,7 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return failure(problem, 404)
         inputs = Inputs(body=body, public_dir=public_dir, policy=policy, max_pixels=max_pixels, max_bytes=fetch_bytes,
                         timeout=fetch_timeout)
-        started, ok = time.perf_counter(), False
+        started, ok, cancelled = time.perf_counter(), False, False
         batch_size_var.set(None)  # the engine says how many requests shared this one's batch
         try:
             result = pool.infer(spec, inputs)
@@ -211,14 +213,15 @@ def create_app(pool: Engine, public_dir: Path, max_body_bytes: int = 50 * 1024 *
             return failure(str(exc), 503, "no_room", {RETRY_AFTER: "5"})
         except InferenceFailed as exc:
             return failure(f"{model_id} failed: {exc}", 500)
-        except Cancelled:  # the watching client left; nobody reads this
+        except Cancelled:  # the client left (streamed or one-shot); nobody reads this
+            cancelled = True
             log.info("%s stopped: its client left", model_id)
             return failure(f"{model_id} was stopped: its client left", 499, "cancelled")
         except Exception as exc:  # noqa: BLE001 - inference errors are the model's, not the server's
             log.exception("inference with %s failed", model_id)
             return failure(f"{model_id} failed: {exc.__class__.__name__}: {str(exc)[:300]}", 500)
         finally:
-            metrics.call(spec.id, ok, time.perf_counter() - started)
+            metrics.call(spec.id, ok, time.perf_counter() - started, cancelled)
         size = batch_size_var.get()
         return 200, result, ({BATCH_SIZE: str(size)} if size is not None else {})
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cancel import Cancelled
 from . import progress
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ batch_size_var: contextvars.ContextVar[int | None] = contextvars.ContextVar("bat
 @dataclass
 class _Batch:
     items: list[Any] = field(default_factory=list)
+    watches: list[Any] = field(default_factory=list)  # each item's caller's progress watch (None: unwatched)
     outcomes: list[tuple[bool, Any]] | None = None  # (ok, result or exception) per item
+    ran: int = 0  # how many of its items the batch ran (those whose callers were still there)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -84,6 +87,7 @@ class Batcher:
                 batch = k.open = _Batch()
             index = len(batch.items)
             batch.items.append(item)
+            batch.watches.append(progress.current())
             if len(batch.items) >= self.max_size:
                 k.open = None  # full: the next caller starts another
                 self._changed.notify_all()
@@ -100,11 +104,12 @@ class Batcher:
         ok, value = batch.outcomes[index]
         if not ok:
             raise value
-        return value, len(batch.items)
+        return value, batch.ran
 
     def _lead(self, k: _Key, batch: _Batch, run: Callable[[list[Any]], list[Any]]) -> None:
         try:
-            with progress.waiting_for(k.runner, "behind a batch of this model"):  # it keeps filling meanwhile
+            # it keeps filling meanwhile; a leader whose client left still leads (its item is then not run)
+            with progress.waiting_for(k.runner, "behind a batch of this model", leave=False):
                 with self._lock:
                     if k.last_size > 1:  # company is likely: wait a little for more of it
                         deadline = time.monotonic() + self.wait_s
@@ -113,14 +118,22 @@ class Batcher:
                     if k.open is batch:
                         k.open = None
                     k.last_size = len(batch.items)
-                items = list(batch.items)
+                # the callers who left while the batch filled or waited are not run: nobody reads their results
+                live = [i for i, w in enumerate(batch.watches) if w is None or not w.stopped]
+                items = [batch.items[i] for i in live]
+                outcomes: list[tuple[bool, Any]] = [(False, Cancelled("the client left before its batch ran"))] * len(
+                    batch.items)
                 try:
-                    results = run(items)
+                    results = run(items) if items else []
                     if len(results) != len(items):
                         raise RuntimeError(f"a batch of {len(items)} gave {len(results)} results")
-                    batch.outcomes = [(not isinstance(r, BaseException), r) for r in results]
+                    for i, r in zip(live, results, strict=True):
+                        outcomes[i] = (not isinstance(r, BaseException), r)
                 except Exception as exc:  # noqa: BLE001 - the batch's failure is every caller's
-                    batch.outcomes = [(False, exc)] * len(items)
+                    for i in live:
+                        outcomes[i] = (False, exc)
+                batch.ran = len(items)
+                batch.outcomes = outcomes
         finally:
             if batch.outcomes is None:  # KeyboardInterrupt and the like: no caller may wait for ever
                 batch.outcomes = [(False, RuntimeError("the batch was interrupted"))] * len(batch.items)

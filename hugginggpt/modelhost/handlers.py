@@ -82,10 +82,7 @@ class Inputs:
     def integer(self, field: str, default: int, low: int, high: int) -> int:
         """An optional whole-number field (`max_new_tokens`, `steps`): a string, float, bool or out-of-range value is
         a 400, so no client can make a model generate or denoise without end."""
-        value = self.body.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise BadRequest(f"`{field}` must be a whole number from {low} to {high}, got {str(value)[:40]!r}")
-        return value
+        return whole_number(self.body, field, default, low, high)
 
     def image(self):
         return decode_image(self.resource("img_url").data, self.max_pixels, what="`img_url`")
@@ -490,6 +487,25 @@ def _check_text(text: str, where: str) -> None:
         text.encode()
     except UnicodeEncodeError as exc:
         raise BadRequest(f"{where} contains invalid Unicode (a lone surrogate at position {exc.start})") from None
+
+
+def whole_number(body: dict[str, Any], field: str, default: int, low: int, high: int) -> int:
+    value = body.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadRequest(f"`{field}` must be a whole number from {low} to {high}, got {str(value)[:40]!r}")
+    return value
+
+
+# The options a handler reads whatever its model, with the bounds every handler holds them to.
+OPTIONS = {"steps": (1, MAX_STEPS), "max_new_tokens": (1, MAX_NEW_TOKENS)}
+
+
+def check_options(body: dict[str, Any]) -> None:
+    """The options of OPTIONS a body sets, checked before any model loads or any stream starts: a bad one is the
+    same 400 for a one-shot and a streamed call (a stream, once started, can only answer 200)."""
+    for name, (low, high) in OPTIONS.items():
+        if name in body:
+            whole_number(body, name, low, low, high)
 
 
 def check_body(value: Any, where: str = "the body", depth: int = 0) -> None:

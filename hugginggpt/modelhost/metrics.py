@@ -53,7 +53,7 @@ class ModelsMetrics:
         self.catalog_label = BoundedLabel(catalog.__contains__, len(catalog))  # the registry's models, any level
         self.discovered_label = BoundedLabel(lambda _: True, cap)  # those downloaded on request
         r = self.registry = CollectorRegistry()
-        self.calls = Counter("models_server_calls", "Inference calls by model and outcome (ok, error)",
+        self.calls = Counter("models_server_calls", "Inference calls by model and outcome (ok, error, cancelled)",
                              ["model", "outcome"], registry=r)
         self.seconds = Histogram("models_server_call_seconds", "Inference latency by model (loading included)",
                                  ["model"], buckets=SECONDS, registry=r)
@@ -63,10 +63,11 @@ class ModelsMetrics:
         label = self.catalog_label(model)
         return label if label == model else self.discovered_label(model)
 
-    def call(self, model: str, ok: bool, seconds: float) -> None:
-        """model: the id of a model this server ran (never a URL's id before it was found)."""
+    def call(self, model: str, ok: bool, seconds: float, cancelled: bool = False) -> None:
+        """model: the id of a model this server ran (never a URL's id before it was found). A call stopped because
+        its client left is `cancelled`, not an error of the model's."""
         model = self.model_label(model)
-        self.calls.labels(model, "ok" if ok else "error").inc()
+        self.calls.labels(model, "ok" if ok else "cancelled" if cancelled else "error").inc()
         self.seconds.labels(model).observe(seconds)
 
     def exposition(self) -> bytes:

@@ -131,11 +131,19 @@ def phase(name: str, waiting: str | None = None) -> None:
         watch.phase(name, waiting)
 
 
-def _waiting_for(lock: Any, why: str) -> Iterator[None]:
-    """Hold `lock`; a watched call that must wait for it says so (`queued`, with `why`) first."""
+WAIT_CHECK_SECONDS = 0.1  # how often a queued call asks whether its client is still there
+
+
+def _waiting_for(lock: Any, why: str, leave: bool = True) -> Iterator[None]:
+    """Hold `lock`; a watched call that must wait for it says so (`queued`, with `why`) first, and leaves the queue
+    (Cancelled) once its client has gone: nobody waits for it, and the callers behind it should not either. With
+    `leave` False it waits on (a batch's leader: the others in its batch still want it run)."""
     if not lock.acquire(blocking=False):
         phase(QUEUED, why)
-        lock.acquire()
+        watch = CURRENT.get() if leave else None
+        while not lock.acquire(timeout=WAIT_CHECK_SECONDS):
+            if watch is not None and watch.stopped:
+                raise Cancelled("the client left while the call waited")
     try:
         yield
     finally:

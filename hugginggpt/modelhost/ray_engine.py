@@ -35,7 +35,7 @@ from .batching import batch_size_var, each_or_batch
 from .compute import Compute, for_device
 from .handlers import BATCHABLE, URL_FIELDS, Inputs
 from .pool import InferenceFailed, ModelUnavailable
-from .progress import LOADING, QUEUED, Watch, current, phase, watching
+from .progress import CURRENT, LOADING, QUEUED, Watch, current, phase, watching
 from .registry import ModelSpec, Registry
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,17 @@ class Replica:
         return await in_turn(lock, self.compute, model_id, self.run, loaded, body)
 
     async def gather(self, requests: list[tuple[str, dict[str, Any]]], get_model: GetModel) -> list[dict[str, Any]]:
-        """One batch of Serve's gathering: one run per model in it, one answer per request."""
+        """One batch of Serve's gathering: one run per model in it, one answer per request. It runs in Serve's
+        batching task, whose context is a copy of the request that started that task: a batch is no one caller's,
+        so it runs watched by none (else every later batch would run under that first caller's watch, stopped
+        since it answered, and be cancelled)."""
+        token = CURRENT.set(None)
+        try:
+            return await self._gather(requests, get_model)
+        finally:
+            CURRENT.reset(token)
+
+    async def _gather(self, requests: list[tuple[str, dict[str, Any]]], get_model: GetModel) -> list[dict[str, Any]]:
         answers: list[dict[str, Any]] = [{}] * len(requests)
         by_model: dict[str, list[int]] = {}
         for k, (model_id, _) in enumerate(requests):
