@@ -115,6 +115,10 @@ def test_the_local_schema_asks_each_task_for_exactly_the_arguments_it_takes():
     jsonschema.validate(good, schema)
     jsonschema.validate({"tasks": [{"task": "canny-text-to-image", "id": 0, "dep": [-1],
                                     "args": {"text": "a house", "image": "<GENERATED>-1"}}]}, schema)
+    takes = {n: b["properties"]["args"]["required"] for b in schema["properties"]["tasks"]["items"]["anyOf"]
+             for n in b["properties"]["task"]["enum"]}
+    assert takes["document-question-answering"] == ["image", "text"] and takes["text-to-speech"] == ["text"]
+    assert takes["audio-to-audio"] == ["audio"] and takes["tabular-classification"] == ["image"]
     caption, question = good["tasks"]
     bad = [
         {"tasks": [{**caption, "args": {"text": "a.jpg"}}]},  # a caption of text: the wrong kind

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         llm.on("response_results", answer_reply)
         llm.on("text_task", text_task_reply)
         models_proc, models_url = start_models_server(folder, models_dir, public, deployment="full")
-        config = write_config(folder, llm_srv.url, models_url, public, local_deployment="full")
+        config = write_config(folder, llm_srv.url, models_url, public, local_deployment="full",
+                              request_timeout=300)  # a first request on a busy or slow machine: not the tests' 30 s
         print(f"demo config: {config}  (python awesome_chat.py --config {config} --mode cli|text|server uses "
               "this demo's LLM and models server)", flush=True)
         if args.cli:
